@@ -1,0 +1,188 @@
+"""Conversion: an Arrow table (one batch) to a ``dict`` of torch tensors, one entry per column.
+
+What each Arrow type becomes (``rows`` = rows in the batch):
+
+=====================================================  =====================================  ========
+Arrow type                                             Python value                           copy?
+=====================================================  =====================================  ========
+int8, int16, int32, int64, uint8, float16/32/64        tensor of the same dtype, ``(rows,)``  no
+uint16 / uint32 / uint64                               int32 / int64 / int64 tensor           yes
+bool                                                   ``torch.bool`` tensor, ``(rows,)``     yes [1]_
+fixed_size_list<T>[d] (T one of the above)             tensor ``(rows, d)``                   as T
+fixed_size_list<fixed_size_list<T>[w]>[h] (nested)     tensor ``(rows, h, w)``, and so on     as T
+list<T> / large_list<T> (variable length)              ``list`` of ``rows`` tensors           as T
+                                                       (``None`` for a null list)
+string, large_string, string_view                      ``list[str | None]``                   yes
+binary, large_binary, fixed_size_binary, binary_view   ``list[bytes | None]``                 yes
+=====================================================  =====================================  ========
+
+.. [1] Arrow packs booleans as bits; torch stores one byte per bool.
+
+"No copy" tensors share memory with the Arrow buffers Lance returned (through DLPack), which belong to
+this batch only, so writing to them is safe. Nulls: a float column (or a fixed-size list of floats)
+turns nulls into ``NaN`` (and is then copied); a null in an integer or bool column, or a null
+fixed-size list, raises ``ValueError`` naming the column. Other types (timestamps, decimals,
+dictionaries, structs, ...) are refused by :func:`check_schema` before any data is read; leave them out
+of ``columns=`` or store them as one of the types above.
+
+Tensors of bytes or strings are the user's business: turn them into tensors in ``transform``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+__all__ = ["check_schema", "to_tensors"]
+
+# Arrow types torch has no (fully supported) dtype for: widened, with a copy.
+_WIDEN = {pa.uint16(): np.int32, pa.uint32(): np.int64, pa.uint64(): np.int64}
+_ZERO_COPY = {
+    pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(),
+    pa.float16(), pa.float32(), pa.float64(),
+}  # fmt: skip
+
+
+def _is_number(arrow_type: pa.DataType) -> bool:
+    return arrow_type in _ZERO_COPY or arrow_type in _WIDEN or pa.types.is_boolean(arrow_type)
+
+
+def _is_fixed_list_of_numbers(arrow_type: pa.DataType) -> bool:
+    while pa.types.is_fixed_size_list(arrow_type):
+        arrow_type = arrow_type.value_type
+    return _is_number(arrow_type)
+
+
+def _is_text(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or (
+        getattr(pa.types, "is_string_view", lambda _: False)(arrow_type)
+    )
+
+
+def _is_bytes(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_binary(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+        or pa.types.is_fixed_size_binary(arrow_type)
+        or getattr(pa.types, "is_binary_view", lambda _: False)(arrow_type)
+    )
+
+
+def _is_variable_list(arrow_type: pa.DataType) -> bool:
+    return (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)) and (
+        _is_fixed_list_of_numbers(arrow_type.value_type)
+    )
+
+
+def _is_supported(arrow_type: pa.DataType) -> bool:
+    return (
+        _is_fixed_list_of_numbers(arrow_type)
+        or _is_variable_list(arrow_type)
+        or _is_text(arrow_type)
+        or _is_bytes(arrow_type)
+    )
+
+
+def check_schema(schema: pa.Schema) -> None:
+    """Check that every field of ``schema`` has a conversion (see the module's table).
+
+    Raises:
+        TypeError: a field's type has no tensor form; the message names the field and its type.
+    """
+    for field in schema:
+        if not _is_supported(field.type):
+            raise TypeError(
+                f"column {field.name!r} has Arrow type {field.type}, which lance_prefetch cannot "
+                f"turn into a tensor; leave it out of columns=, or store it as integers, floats, "
+                f"bools, (fixed-size) lists of them, strings or binary and decode it in transform"
+            )
+
+
+def to_tensors(table: pa.Table) -> dict[str, Any]:
+    """Convert one batch to ``{column name: value}`` following the module's table.
+
+    Args:
+        table (pyarrow.Table): the batch, ``rows`` rows; columns of supported types only
+            (see :func:`check_schema`).
+
+    Returns:
+        dict[str, Any]: one entry per column, in the table's column order. Numeric columns are
+        tensors whose first dimension is ``rows``; strings, binary and variable-length lists are
+        Python lists of length ``rows``.
+
+    Raises:
+        ValueError: an integer or bool column, or a fixed-size list, holds nulls.
+        TypeError: a column type has no conversion.
+    """
+    return {name: _column(name, _one_array(column)) for name, column in zip(
+        table.column_names, table.columns
+    )}
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    return column.combine_chunks()  # copies; a Lance take returns one chunk
+
+
+def _column(name: str, array: pa.Array) -> Any:
+    arrow_type = array.type
+    if _is_fixed_list_of_numbers(arrow_type):
+        return _fixed_lists(name, array)
+    if _is_variable_list(arrow_type):
+        return _variable_lists(name, array)
+    if _is_text(arrow_type) or _is_bytes(arrow_type):
+        return array.to_pylist()
+    raise TypeError(f"column {name!r} has Arrow type {arrow_type}, which has no tensor form")
+
+
+def _fixed_lists(name: str, array: pa.Array) -> torch.Tensor:
+    rows, dims = len(array), []
+    while pa.types.is_fixed_size_list(array.type):
+        if array.null_count:
+            raise ValueError(
+                f"column {name!r} holds {array.null_count} null fixed-size lists in this batch; "
+                f"a tensor cannot represent them: fill them in the dataset"
+            )
+        dims.append(array.type.list_size)
+        array = array.flatten()  # respects the slice offset, unlike .values
+    return _numbers(name, array).reshape(rows, *dims)
+
+
+def _variable_lists(name: str, array: pa.Array) -> list[torch.Tensor | None]:
+    offsets = array.offsets.to_numpy()  # absolute positions in array.values
+    flat = _column(name, array.values)
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    return [
+        flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(array))
+    ]
+
+
+def _numbers(name: str, array: pa.Array) -> torch.Tensor:
+    arrow_type = array.type
+    if array.null_count:
+        if not pa.types.is_floating(arrow_type):
+            raise ValueError(
+                f"column {name!r} ({arrow_type}) holds {array.null_count} nulls in this batch; "
+                f"integer and bool tensors cannot represent them: fill them in the dataset, or "
+                f"store the column as floats to get NaN"
+            )
+        array = pc.fill_null(array, float("nan"))
+    if pa.types.is_boolean(arrow_type):
+        return torch.from_numpy(array.to_numpy(zero_copy_only=False))  # a fresh, writable array
+    if arrow_type in _WIDEN:
+        values = array.to_numpy()
+        if arrow_type == pa.uint64() and len(values) and values.max() > np.iinfo(np.int64).max:
+            raise ValueError(
+                f"column {name!r} (uint64) holds values above {np.iinfo(np.int64).max}, which do "
+                f"not fit torch.int64"
+            )
+        return torch.from_numpy(values.astype(_WIDEN[arrow_type]))
+    try:
+        return torch.from_dlpack(array)  # zero copy, no read-only warning
+    except (BufferError, TypeError, NotImplementedError):  # an Arrow build without DLPack export
+        return torch.from_numpy(array.to_numpy(zero_copy_only=False).copy())

@@ -1,0 +1,239 @@
+"""Sampling: which rows make up which batch, for one epoch, rank and DataLoader worker.
+
+Pure code: no Lance, no torch, no global random state. Everything is derived from
+``(num_rows, batch_size, seed, epoch, world_size, drop_last)``, so every process that builds the same
+:class:`EpochPlan` gets the same batches, on any machine.
+
+The rules
+---------
+1. **Permutation.** Epoch ``e`` shuffles the row offsets ``0 .. num_rows-1`` with a numpy
+   ``Generator`` seeded from ``SeedSequence([seed, e])``: uniform, without replacement, and different
+   for every epoch. It is held as a numpy array of the smallest unsigned dtype that fits
+   (``uint8``/``uint16``/``uint32``/``uint64``), never a Python list.
+2. **Global batches.** The permutation is cut into consecutive *global batches*. Global batch ``g``
+   goes to rank ``g % world_size``; so rank ``r`` sees global batches ``r, r + W, r + 2W, ...``.
+   Every rank yields ``batches_per_rank`` batches, the same number on every rank.
+3. ``drop_last=True``: ``batches_per_rank = num_rows // (batch_size * world_size)``; every batch holds
+   exactly ``batch_size`` rows, no row repeats, and the rows left out are the tail of that epoch's
+   permutation (``num_rows - batches_per_rank * world_size * batch_size`` rows, a different set every
+   epoch).
+4. ``drop_last=False``: ``batches_per_rank = ceil(num_rows / (batch_size * world_size))``. All rounds
+   but the last hold ``batch_size`` rows per batch. The last round covers the ``R`` remaining rows with
+   one batch per rank of ``last_batch_size = ceil(R / world_size)`` rows each (the same size on every
+   rank, never empty); the ``world_size * last_batch_size - R < world_size`` rows still needed are taken
+   by wrapping around to the start of the permutation, as ``torch.utils.data.DistributedSampler`` pads.
+   With ``world_size=1`` nothing repeats and only the last batch may be short.
+
+These counts equal those of ``DistributedSampler`` followed by ``BatchSampler`` with the same
+``drop_last`` on every rank.
+
+Worked example: ``num_rows=11, batch_size=2, world_size=2, drop_last=False``, permutation
+``p = [p0 .. p10]``: ``batches_per_rank = ceil(11/4) = 3``; rounds 0 and 1 are global batches
+``[p0 p1] [p2 p3] [p4 p5] [p6 p7]``; the last round has ``R = 3`` rows, ``last_batch_size = 2``:
+``[p8 p9]`` for rank 0 and ``[p10 p0]`` for rank 1 (``p0`` is the one padded row). Rank 0 yields
+``[p0 p1] [p4 p5] [p8 p9]``; rank 1 yields ``[p2 p3] [p6 p7] [p10 p0]``.
+
+DataLoader workers
+------------------
+Within a rank, worker ``w`` of ``K`` takes the rank's batches ``w, w + K, w + 2K, ...``. The
+DataLoader collects from its workers round-robin, so the rank sees its batches in the same order for
+any ``num_workers``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validate import check_bool, check_int
+
+__all__ = ["EpochPlan", "PlannedBatch", "epoch_permutation", "index_dtype"]
+
+
+def index_dtype(num_rows: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds every offset ``0 .. num_rows-1``.
+
+    ``uint8`` up to 256 rows, ``uint16`` up to 65,536, ``uint32`` up to 2**32, else ``uint64``.
+    """
+    return np.min_scalar_type(max(num_rows - 1, 0))
+
+
+def epoch_permutation(num_rows: int, seed: int, epoch: int) -> np.ndarray:
+    """A uniform random permutation of ``0 .. num_rows-1``, determined by ``(seed, epoch)`` only.
+
+    Args:
+        num_rows (int): number of rows to permute, ``>= 0``.
+        seed (int): base seed, ``>= 0``; identical across all ranks and processes of a job.
+        epoch (int): epoch number, ``>= 0``.
+
+    Returns:
+        numpy.ndarray: shape ``(num_rows,)``, dtype :func:`index_dtype` ``(num_rows)``, each offset
+        exactly once. Costs ``num_rows * itemsize`` bytes (4 bytes a row below 2**32 rows).
+
+    Raises:
+        TypeError, ValueError: an argument is not a non-negative integer.
+    """
+    num_rows = check_int("num_rows", num_rows, minimum=0)
+    seed = check_int("seed", seed, minimum=0)
+    epoch = check_int("epoch", epoch, minimum=0)
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch])))
+    permutation = np.arange(num_rows, dtype=index_dtype(num_rows))
+    rng.shuffle(permutation)
+    return permutation
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """One batch of the plan.
+
+    Attributes:
+        position (int): the global batch number within the epoch (``0 .. num_batches-1``); rank
+            ``position % world_size`` yields it, as its ``position // world_size``-th batch.
+        indices (numpy.ndarray): shape ``(rows,)``, unsigned integer dtype; offsets among the live
+            rows of the dataset version, in permutation order. Often a read-only view of the epoch's
+            permutation.
+    """
+
+    position: int
+    indices: np.ndarray
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochPlan:
+    """The batches of one epoch for every rank, following the rules in this module's docstring.
+
+    Args:
+        num_rows (int): live rows in the dataset version, ``>= 1``.
+        batch_size (int): rows per batch, ``>= 1``.
+        seed (int, optional): base seed, ``>= 0``. Default: ``0``.
+        epoch (int, optional): epoch number, ``>= 0``. Default: ``0``.
+        world_size (int, optional): number of ranks, ``>= 1``. Default: ``1``.
+        drop_last (bool, optional): drop the permutation's tail so every batch is full (``True``), or
+            pad by wrapping around so every row is delivered (``False``). Default: ``True``.
+
+    Raises:
+        TypeError: an argument has the wrong type (bools are not integers here).
+        ValueError: a value is out of range, or ``drop_last=True`` and
+            ``num_rows < batch_size * world_size`` (no rank could get a single full batch).
+    """
+
+    num_rows: int
+    batch_size: int
+    seed: int = 0
+    epoch: int = 0
+    world_size: int = 1
+    drop_last: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("num_rows", self.num_rows, minimum=1)
+        check_int("batch_size", self.batch_size, minimum=1)
+        check_int("seed", self.seed, minimum=0)
+        check_int("epoch", self.epoch, minimum=0)
+        check_int("world_size", self.world_size, minimum=1)
+        check_bool("drop_last", self.drop_last)
+        if self.drop_last and self.num_rows < self.batch_size * self.world_size:
+            raise ValueError(
+                f"drop_last=True needs at least batch_size * world_size = "
+                f"{self.batch_size} * {self.world_size} = {self.batch_size * self.world_size} rows, "
+                f"but the dataset has {self.num_rows}; use a smaller batch_size or drop_last=False"
+            )
+
+    @property
+    def rows_per_round(self) -> int:
+        """Rows in one full round (one full batch for every rank): ``batch_size * world_size``."""
+        return self.batch_size * self.world_size
+
+    @property
+    def batches_per_rank(self) -> int:
+        """Batches every rank yields this epoch (what ``len(loader)`` reports)."""
+        if self.drop_last:
+            return self.num_rows // self.rows_per_round
+        return -(-self.num_rows // self.rows_per_round)
+
+    @property
+    def num_batches(self) -> int:
+        """Global batches this epoch, over all ranks: ``batches_per_rank * world_size``."""
+        return self.batches_per_rank * self.world_size
+
+    @property
+    def last_batch_size(self) -> int:
+        """Rows in each rank's last batch: ``batch_size``, or less with ``drop_last=False``."""
+        if self.drop_last:
+            return self.batch_size
+        remaining = self.num_rows - (self.batches_per_rank - 1) * self.rows_per_round
+        return -(-remaining // self.world_size)
+
+    @property
+    def num_delivered(self) -> int:
+        """Rows delivered this epoch over all ranks, padding included."""
+        full_rounds = self.batches_per_rank - 1
+        return full_rounds * self.rows_per_round + self.world_size * self.last_batch_size
+
+    @property
+    def num_dropped(self) -> int:
+        """Rows of the permutation's tail left out this epoch (``drop_last=True``), else ``0``."""
+        return max(self.num_rows - self.num_delivered, 0)
+
+    @property
+    def num_padded(self) -> int:
+        """Rows delivered twice this epoch by wrapping around (``drop_last=False``), else ``0``."""
+        return max(self.num_delivered - self.num_rows, 0)
+
+    @functools.cached_property
+    def permutation(self) -> np.ndarray:
+        """This epoch's permutation: :func:`epoch_permutation` ``(num_rows, seed, epoch)``."""
+        return epoch_permutation(self.num_rows, self.seed, self.epoch)
+
+    def batch(self, position: int) -> PlannedBatch:
+        """Global batch ``position`` (``0 .. num_batches-1``).
+
+        Raises:
+            IndexError: ``position`` is outside ``[0, num_batches)``.
+        """
+        position = check_int("position", position)
+        if not 0 <= position < self.num_batches:
+            raise IndexError(
+                f"position={position} is outside the epoch's {self.num_batches} global batches"
+            )
+        last_round_start = (self.batches_per_rank - 1) * self.world_size
+        if position < last_round_start:
+            start, size = position * self.batch_size, self.batch_size
+        else:
+            size = self.last_batch_size
+            start = last_round_start * self.batch_size + (position - last_round_start) * size
+        stop = start + size
+        permutation = self.permutation
+        if stop <= self.num_rows:
+            indices = permutation[start:stop]
+        else:  # drop_last=False padding: wrap around to the start of the permutation
+            indices = permutation[np.arange(start, stop) % self.num_rows]
+        return PlannedBatch(position, indices)
+
+    def rank_batches(
+        self, rank: int, *, worker_id: int = 0, num_workers: int = 1
+    ) -> Iterator[PlannedBatch]:
+        """The batches that worker ``worker_id`` of ``num_workers`` produces for rank ``rank``.
+
+        The rank's ``j``-th batch is global batch ``j * world_size + rank``; the worker takes the
+        rank's batches ``worker_id, worker_id + num_workers, ...``, in that order.
+
+        Raises:
+            ValueError: ``rank`` is outside ``[0, world_size)`` or ``worker_id`` outside
+                ``[0, num_workers)``.
+        """
+        rank = check_int("rank", rank, minimum=0)
+        num_workers = check_int("num_workers", num_workers, minimum=1)
+        worker_id = check_int("worker_id", worker_id, minimum=0)
+        if rank >= self.world_size:
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {self.world_size - 1}]"
+            )
+        if worker_id >= num_workers:
+            raise ValueError(
+                f"Invalid worker_id {worker_id}, it should be in the interval [0, {num_workers - 1}]"
+            )
+        for local in range(worker_id, self.batches_per_rank, num_workers):
+            yield self.batch(local * self.world_size + rank)

@@ -1,0 +1,317 @@
+"""Scheduling: run blocking fetches concurrently in threads and hand results over in plan order.
+
+:class:`Prefetcher` has two sides. Its producer, :meth:`Prefetcher.run`, is an anyio task on an
+asyncio event loop: it walks the plan, starts up to ``max_in_flight`` fetches at once in worker
+threads and keeps at most ``readahead`` items held (in flight plus finished and not yet received).
+Its consumer side, :meth:`Prefetcher.get`, is called from an ordinary thread (the training loop)
+and blocks only on thread primitives: a result is handed over by the worker thread that fetched it,
+with no trip through the event loop, and only the readahead token goes back to the loop, without
+waiting (``call_soon_threadsafe``). Measured by ``benchmarks/handover.py`` on the 2-core
+development machine: a blocking portal call per item keeps the training thread ~300 us in
+``next()``; this hand-over ~30 us.
+
+:class:`BlockingPrefetcher` runs a :class:`Prefetcher` on an event loop in a background thread of
+the calling process and is a plain iterator.
+
+Nothing here knows about Lance or torch: the fetch function is injected, so tests use fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+
+from ._validate import check_int
+
+__all__ = [
+    "BlockingPrefetcher",
+    "PrefetchStatistics",
+    "Prefetcher",
+    "PrefetcherClosed",
+    "THREAD_NAME",
+    "check_depths",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Name of the event-loop thread a :class:`BlockingPrefetcher` starts (one per live iterator).
+THREAD_NAME = "lance-prefetch-loop"
+
+
+def check_depths(readahead: int, max_in_flight: int) -> tuple[int, int]:
+    """Validate ``readahead >= 1`` and ``1 <= max_in_flight <= readahead``; return them as ints.
+
+    Raises:
+        TypeError: either is not an integer.
+        ValueError: either is out of range.
+    """
+    readahead = check_int("readahead", readahead, minimum=1)
+    max_in_flight = check_int("max_in_flight", max_in_flight, minimum=1)
+    if max_in_flight > readahead:
+        raise ValueError(
+            f"max_in_flight should be <= readahead, but got max_in_flight={max_in_flight} > "
+            f"readahead={readahead}; every fetch in flight holds one of the readahead slots"
+        )
+    return readahead, max_in_flight
+
+
+@dataclass(frozen=True)
+class PrefetchStatistics:
+    """A snapshot of a :class:`Prefetcher`, taken from any thread (counts may be a moment old).
+
+    Attributes:
+        held (int): items in flight plus finished and not yet received; never above ``readahead``.
+        in_flight (int): fetches running in worker threads; never above ``max_in_flight``.
+        received (int): items handed to the consumer so far.
+    """
+
+    held: int
+    in_flight: int
+    received: int
+
+
+class PrefetcherClosed(Exception):
+    """Raised by :meth:`Prefetcher.get` for an item whose fetch was cancelled by closing."""
+
+
+class _Slot:
+    """The result of one fetch, queued for the consumer in plan order before the fetch starts.
+
+    The first of :meth:`finish` calls wins: a fetch abandoned by cancellation may still finish in
+    its thread later, and its result is then dropped.
+    """
+
+    __slots__ = ("_lock", "done", "error", "value")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def finish(self, value: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            if self.done.is_set():
+                return
+            self.value, self.error = value, error
+            self.done.set()
+
+
+_END = object()  # queued after the last slot; queued again by every get() that sees it
+
+
+class Prefetcher(Generic[T, R]):
+    """Fetch the items of a plan concurrently in threads; receive the results in plan order.
+
+    Args:
+        items (Iterable[T]): the plan; iterated lazily, once, on the event loop.
+        fetch (Callable[[T], R]): a blocking function run in a worker thread for each item
+            (for Lance, a ``take`` that releases the GIL).
+        readahead (int): the most items held at once: in flight plus finished and not yet
+            received, ``>= 1``.
+        max_in_flight (int): the most fetches running at once, ``1 <= max_in_flight <= readahead``.
+
+    Invariants (``tokens`` is the producer's readahead semaphore):
+        ``tokens.value + held == readahead`` and ``in_flight <= max_in_flight``. A token is taken
+        before an item's fetch starts and given back when the consumer receives that item; fetches
+        start in plan order (the in-flight limiter is first-in, first-out).
+
+    Errors:
+        An exception raised by ``fetch`` is re-raised, unchanged, by the :meth:`get` that reaches
+        that item in plan order; the items before it are still delivered. After the first failure
+        no new fetch is started.
+
+    Raises:
+        TypeError, ValueError: from :func:`check_depths`.
+    """
+
+    def __init__(
+        self, items: Iterable[T], fetch: Callable[[T], R], *, readahead: int, max_in_flight: int
+    ) -> None:
+        self._readahead, self._max_in_flight = check_depths(readahead, max_in_flight)
+        self._items = items
+        self._fetch = fetch
+        self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # slots in plan order, then _END
+        self._started = 0  # written by the producer only
+        self._received = 0  # written by the consumer only
+        self._failed = False
+        self._crash: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    async def run(self) -> None:
+        """Produce until the plan is exhausted, a fetch fails, or the task is cancelled.
+
+        Run it once, on the asyncio backend (the consumer returns readahead tokens with
+        ``loop.call_soon_threadsafe``).
+
+        Cancellation handling:
+            Cancelling this task cancels every pending fetch. A fetch already running in a thread
+            cannot be interrupted (a Lance ``take`` keeps going): it is abandoned, its thread
+            finishes the call in the background and the result is dropped, so cancelling never
+            waits for slow I/O. Every item not yet delivered then makes :meth:`get` raise
+            :class:`PrefetcherClosed`, and the stream ends.
+        """
+        self._loop = asyncio.get_running_loop()
+        self._tokens = anyio.Semaphore(self._readahead)
+        self._limiter = anyio.CapacityLimiter(self._max_in_flight)
+        try:
+            async with anyio.create_task_group() as task_group:
+                items = iter(self._items)
+                while True:
+                    await self._tokens.acquire()
+                    slot = _Slot()
+                    try:
+                        if self._failed:
+                            break
+                        item = next(items)
+                    except StopIteration:
+                        break
+                    except Exception as exc:  # a broken plan must not look like a finished one
+                        self._failed = True
+                        slot.finish(error=exc)
+                        self._started += 1
+                        self._ready.put(slot)
+                        break
+                    self._started += 1
+                    self._ready.put(slot)
+                    task_group.start_soon(self._fill, item, slot)
+        except Exception as exc:
+            self._crash = exc
+            raise
+        finally:
+            self._ready.put(_END)
+
+    async def _fill(self, item: T, slot: _Slot) -> None:
+        try:
+            await anyio.to_thread.run_sync(
+                self._fetch_into, item, slot, limiter=self._limiter, abandon_on_cancel=True
+            )
+        finally:  # cancelled (or the thread call itself failed): the consumer must not wait
+            slot.finish(error=PrefetcherClosed("the prefetcher was closed before this item"))
+
+    def _fetch_into(self, item: T, slot: _Slot) -> None:
+        """Runs in a worker thread; hands the result straight to the consumer."""
+        try:
+            value = self._fetch(item)
+        except Exception as exc:
+            self._failed = True
+            slot.finish(error=exc)
+        else:
+            slot.finish(value=value)
+
+    def get(self) -> R:
+        """The next result in plan order; blocks the calling thread until it is there.
+
+        Call it from one consumer thread (not the event loop's). ``KeyboardInterrupt`` interrupts
+        the wait; the item is then lost, so close the prefetcher.
+
+        Raises:
+            StopIteration: the plan is exhausted (or the producer was cancelled) and every result
+                was delivered.
+            PrefetcherClosed: the item's fetch was cancelled by closing.
+            RuntimeError: the producer itself crashed (a bug); the crash is ``__cause__``.
+            Exception: whatever ``fetch`` raised for this item.
+        """
+        slot = self._ready.get()
+        if slot is _END:
+            self._ready.put(_END)
+            if self._crash is not None:
+                raise RuntimeError("the prefetch producer crashed") from self._crash
+            raise StopIteration
+        slot.done.wait()
+        self._received += 1
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody needs the token
+            self._loop.call_soon_threadsafe(self._tokens.release)  # type: ignore[union-attr]
+        if slot.error is not None:
+            raise slot.error
+        return slot.value  # type: ignore[no-any-return]
+
+    def statistics(self) -> PrefetchStatistics:
+        """A :class:`PrefetchStatistics` snapshot (safe from any thread)."""
+        limiter = self._limiter
+        return PrefetchStatistics(
+            held=self._started - self._received,
+            in_flight=0 if limiter is None else int(limiter.borrowed_tokens),
+            received=self._received,
+        )
+
+
+class BlockingPrefetcher(Iterator[R]):
+    """A :class:`Prefetcher` on a background event loop, drained synchronously with ``next()``.
+
+    The event loop runs in a daemon thread named :data:`THREAD_NAME`, started by this constructor in
+    the calling process (so never inherited through ``fork``) and stopped by :meth:`close`.
+
+    Args:
+        items, fetch, readahead, max_in_flight: as for :class:`Prefetcher`.
+
+    Errors:
+        ``next()`` re-raises what ``fetch`` raised and closes the iterator. ``KeyboardInterrupt``
+        (or any exception) raised while ``next()`` waits closes the iterator too.
+
+    Cancellation handling:
+        :meth:`close` (also run when the iterator is exhausted, fails, or is garbage collected)
+        cancels the producer and pending fetches, abandons fetches running in threads (they finish
+        in the background, results dropped) and joins the event-loop thread. Idempotent.
+    """
+
+    def __init__(
+        self, items: Iterable[T], fetch: Callable[[T], R], *, readahead: int, max_in_flight: int
+    ) -> None:
+        self._prefetcher = Prefetcher(items, fetch, readahead=readahead, max_in_flight=max_in_flight)
+        self._lock = threading.Lock()
+        with contextlib.ExitStack() as stack:
+            portal = stack.enter_context(
+                anyio.from_thread.start_blocking_portal("asyncio", name=THREAD_NAME)
+            )
+            producer = portal.start_task_soon(self._prefetcher.run)
+            stack.callback(producer.cancel)  # runs before the portal stops
+            self._stack: contextlib.ExitStack | None = stack.pop_all()
+
+    def __iter__(self) -> BlockingPrefetcher[R]:
+        return self
+
+    def __next__(self) -> R:
+        if self._stack is None:
+            raise StopIteration
+        try:
+            return self._prefetcher.get()
+        except StopIteration:
+            self.close()
+            raise
+        except PrefetcherClosed:  # closed from another thread while we waited
+            raise StopIteration from None
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (the event-loop thread is gone)."""
+        return self._stack is None
+
+    def statistics(self) -> PrefetchStatistics:
+        """A :class:`PrefetchStatistics` snapshot."""
+        return self._prefetcher.statistics()
+
+    def close(self) -> None:
+        """Cancel pending fetches and stop the event-loop thread. Safe to call more than once."""
+        with self._lock:
+            stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_stack", None) is not None:
+            self.close()

@@ -1,0 +1,217 @@
+"""The Lance source: one pinned, projected dataset version that can ``take`` rows by offset.
+
+This is the only module that imports ``lance``. A :class:`LanceSource` opens the dataset once at
+construction (to pin the version, count the live rows and check the columns), pickles small (URI,
+version, columns, storage options; never the open dataset) and reopens the pinned version lazily,
+once per process, when it is first used there: in a spawned DataLoader worker, or in a forked child.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["LanceSource", "redact"]
+
+_SECRET_KEY = re.compile(r"secret|password|token|credential|session|(^|_)key($|_)", re.IGNORECASE)
+
+
+def redact(storage_options: Mapping[str, str] | None) -> dict[str, str] | None:
+    """A copy of ``storage_options`` safe to print: values of secret-looking keys become ``'***'``.
+
+    Keys matching ``secret``, ``password``, ``token``, ``credential``, ``session`` or a ``key``
+    word (``aws_access_key_id``, ``account_key``) are masked; endpoints and regions are kept.
+    """
+    if storage_options is None:
+        return None
+    return {k: "***" if _SECRET_KEY.search(k) else v for k, v in storage_options.items()}
+
+
+class LanceSource:
+    """A pinned, projected view of one Lance dataset version.
+
+    Args:
+        source (str | os.PathLike | lance.LanceDataset): a dataset URI (local path, ``file://``,
+            ``s3://``, ...) or an open dataset. An open dataset is used as it is in this process;
+            other processes reopen it from its URI, ``version`` and ``storage_options``.
+        columns (Sequence[str], optional): top-level columns to read, in this order. Default:
+            ``None``, every column of the schema.
+        version (int | str, optional): version number or tag to pin. Default: ``None``, the latest
+            version at construction (or the open dataset's own version).
+        storage_options (Mapping[str, str], optional): passed to Lance as they are (keys as Lance
+            spells them, e.g. ``aws_endpoint``). Default: ``None``.
+
+    Attributes:
+        uri (str): the dataset's URI. version (int): the pinned version. num_rows (int): live rows
+        of that version. columns (tuple[str, ...]): the projection. schema (pyarrow.Schema): the
+        projected schema.
+
+    Raises:
+        TypeError: ``source``, ``columns`` or ``storage_options`` has the wrong type.
+        FileNotFoundError: no Lance dataset at the URI.
+        ValueError: ``version`` does not exist, or a column is not in the schema (the message lists
+            the schema's columns), or ``columns`` is empty or repeats a name.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | lance.LanceDataset,
+        *,
+        columns: Sequence[str] | None = None,
+        version: int | str | None = None,
+        storage_options: Mapping[str, str] | None = None,
+    ) -> None:
+        self._storage_options = _check_storage_options(storage_options)
+        columns = _check_columns(columns)
+        if isinstance(source, lance.LanceDataset):
+            dataset = source
+            self.uri = source.uri
+        elif isinstance(source, (str, os.PathLike)):
+            self.uri = os.fspath(source)
+            dataset = self._open_latest()
+        else:
+            raise TypeError(
+                f"source should be a dataset URI (str or os.PathLike) or a lance.LanceDataset, "
+                f"but got {type(source).__name__}"
+            )
+        if version is not None and version != dataset.version:
+            dataset = self._checkout(dataset, version)
+        self.version: int = dataset.version
+        schema = dataset.schema
+        if columns is None:
+            columns = tuple(schema.names)
+        unknown = [name for name in columns if name not in schema.names]
+        if unknown:
+            raise ValueError(
+                f"columns {unknown} are not in the dataset {self.uri!r} (version {self.version}); "
+                f"its columns are {schema.names}"
+            )
+        self.columns: tuple[str, ...] = columns
+        self.schema: pa.Schema = pa.schema([schema.field(name) for name in columns])
+        self.num_rows: int = dataset.count_rows()
+        self._lock = threading.Lock()
+        self._dataset: lance.LanceDataset | None = dataset
+        self._pid = os.getpid()
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        """Read the rows at ``indices`` (offsets among live rows), in that order.
+
+        Blocking; releases the GIL for the whole read, so call it from worker threads to overlap reads.
+
+        Args:
+            indices (numpy.ndarray): shape ``(rows,)``, integer dtype, each in ``[0, num_rows)``;
+                repeats allowed.
+
+        Returns:
+            pyarrow.Table: ``rows`` rows of :attr:`columns`, row ``i`` being live row ``indices[i]``.
+
+        Raises:
+            IndexError: an index is outside ``[0, num_rows)`` (checked before reading, because Lance
+                silently drops out-of-range offsets).
+            OSError: storage returned a different number of rows than asked for.
+        """
+        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.num_rows):
+            raise IndexError(
+                f"row offsets must be in [0, {self.num_rows}) for {self.uri!r} version "
+                f"{self.version}, but got min {int(indices.min())}, max {int(indices.max())}"
+            )
+        table = self._opened().take(indices, columns=list(self.columns))
+        if table.num_rows != len(indices):
+            raise OSError(
+                f"Lance returned {table.num_rows} rows for {len(indices)} offsets from "
+                f"{self.uri!r} version {self.version}"
+            )
+        return table
+
+    def __repr__(self) -> str:
+        return (
+            f"LanceSource({self.uri!r}, version={self.version}, columns={list(self.columns)}, "
+            f"num_rows={self.num_rows}, storage_options={redact(self._storage_options)})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"], state["_dataset"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._dataset = None
+
+    def _opened(self) -> lance.LanceDataset:
+        """The pinned dataset, opened once in this process (reopened after a fork)."""
+        dataset, pid = self._dataset, os.getpid()
+        if dataset is not None and self._pid == pid:
+            return dataset
+        with self._lock:
+            if self._dataset is None or self._pid != pid:
+                self._dataset = lance.dataset(
+                    self.uri, version=self.version, storage_options=self._storage_options
+                )
+                self._pid = pid
+            return self._dataset
+
+    def _open_latest(self) -> lance.LanceDataset:
+        try:
+            return lance.dataset(self.uri, storage_options=self._storage_options)
+        except ValueError as exc:
+            if "not found" not in str(exc).lower():
+                raise
+            raise FileNotFoundError(
+                f"source: no Lance dataset at {self.uri!r}; check the path (a Lance dataset is a "
+                f"directory with a _versions/ folder) and, for object stores, storage_options"
+            ) from exc
+
+    def _checkout(self, dataset: lance.LanceDataset, version: int | str) -> lance.LanceDataset:
+        if not isinstance(version, (int, str)) or isinstance(version, bool):
+            raise TypeError(
+                f"version should be an int (version number) or a str (tag), but got "
+                f"version={version!r}"
+            )
+        try:
+            return dataset.checkout_version(version)
+        except (ValueError, OSError, KeyError) as exc:
+            raise ValueError(
+                f"version={version!r} does not exist in {self.uri!r}; its latest version is "
+                f"{dataset.latest_version}"
+            ) from exc
+
+
+def _check_columns(columns: Sequence[str] | None) -> tuple[str, ...] | None:
+    if columns is None:
+        return None
+    if isinstance(columns, str) or not all(isinstance(name, str) for name in columns):
+        raise TypeError(f"columns should be a list of column names, but got columns={columns!r}")
+    columns = tuple(columns)
+    if not columns:
+        raise ValueError("columns should name at least one column, or be None for all columns")
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"columns should not repeat a name, but got columns={list(columns)}")
+    return columns
+
+
+def _check_storage_options(options: Mapping[str, str] | None) -> dict[str, str] | None:
+    if options is None:
+        return None
+    if not isinstance(options, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in options.items()
+    ):
+        raise TypeError(
+            f"storage_options should be a dict of str to str, but got {_describe(options)}"
+        )
+    return dict(options)
+
+
+def _describe(options: object) -> str:
+    """``type(options).__name__`` for a non-mapping, else its keys only (values may be secrets)."""
+    if isinstance(options, Mapping):
+        return f"a mapping with keys {sorted(map(str, options))}"
+    return type(options).__name__

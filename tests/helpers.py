@@ -1,0 +1,48 @@
+"""Helpers shared by the tests (import as ``from helpers import ...``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from torch.utils.data import DataLoader
+
+from lance_prefetch import PrefetchLoader
+from lance_prefetch.scheduling import THREAD_NAME
+
+
+def batch_ids(batches) -> list[list[int]]:
+    """The ``id`` column of each batch, as Python lists."""
+    return [batch["id"].tolist() for batch in batches]
+
+
+def expected_rank_ids(loader: PrefetchLoader, rank: int | None = None) -> list[list[int]]:
+    """What ``rank`` must see this epoch, computed from the pure plan (id == row offset)."""
+    plan = loader.epoch_plan()
+    rank = loader.rank if rank is None else rank
+    return [batch.indices.tolist() for batch in plan.rank_batches(rank)]
+
+
+def collect(loader: PrefetchLoader, num_workers: int = 0) -> list[list[int]]:
+    """Every batch's ids, read directly (``num_workers=0``) or through spawn DataLoader workers."""
+    if num_workers == 0:
+        return batch_ids(loader)
+    data_loader = DataLoader(
+        loader, batch_size=None, num_workers=num_workers, multiprocessing_context="spawn"
+    )
+    return batch_ids(data_loader)
+
+
+def loop_threads() -> list[threading.Thread]:
+    """Live event-loop threads started by lance_prefetch in this process."""
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
+
+
+def wait_until(condition, timeout: float = 5.0) -> bool:
+    """Poll ``condition()`` every 10 ms until true or ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()

@@ -1,0 +1,72 @@
+"""Tests for the command line: ``python -m lance_prefetch demo`` on scikit-learn's digits."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from lance_prefetch import cli, demo
+
+
+@pytest.mark.slow
+def test_demo_learns_and_reports_throughput(tmp_path):
+    """Acceptance 9: the demo's held-out accuracy is far above chance (10%) after 3 epochs, and
+    every epoch line carries rows/s and the wait fraction."""
+    result = subprocess.run(
+        [sys.executable, "-m", "lance_prefetch", "demo", "--epochs", "3",
+         "--data-dir", str(tmp_path), "--readahead", "4", "--max-in-flight", "2"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = re.findall(
+        r"^epoch (\d): loss ([\d.]+)  held-out accuracy ([\d.]+)  rows/s ([\d,]+)  "
+        r"waiting for data ([\d.]+)% of [\d.]+ s$",
+        result.stdout,
+        flags=re.MULTILINE,
+    )
+    assert [int(line[0]) for line in lines] == [0, 1, 2], result.stdout
+    accuracies = [float(line[2]) for line in lines]
+    assert accuracies[-1] > 0.85
+    assert float(lines[-1][1]) < float(lines[0][1])  # the loss went down
+    assert all(int(line[3].replace(",", "")) > 0 for line in lines)
+    assert all(0.0 <= float(line[4]) <= 100.0 for line in lines)
+
+
+def test_demo_train_on_a_given_uri_reports_every_epoch(tmp_path):
+    train_uri, test_uri = demo.write_digits(tmp_path)
+    reports = demo.train(train_uri, eval_uri=test_uri, epochs=2, batch_size=128)
+    assert [r.epoch for r in reports] == [0, 1]
+    assert all(0.0 <= r.wait_fraction <= 1.0 and r.rows_per_s > 0 for r in reports)
+    # 1,437 training rows, batch 128, drop_last: 11 full batches = 1,408 rows an epoch.
+    assert all(abs(r.rows_per_s * r.seconds - 1408) < 1e-6 for r in reports)
+    without_eval = demo.train(train_uri, epochs=1, batch_size=256)
+    assert without_eval[0].accuracy is None
+
+
+def test_write_digits_is_real_data_split_without_overlap(tmp_path):
+    import lance
+
+    train_uri, test_uri = demo.write_digits(tmp_path)
+    train = lance.dataset(train_uri).to_table()
+    test = lance.dataset(test_uri).to_table()
+    assert train.num_rows + test.num_rows == 1797
+    assert not set(train.column("id").to_pylist()) & set(test.column("id").to_pylist())
+    assert str(train.schema.field("image").type) == "fixed_size_list<item: fixed_size_list<item: uint8>[8]>[8]"
+    assert demo.write_digits(tmp_path) == (train_uri, test_uri)  # reused, not rewritten
+    assert lance.dataset(train_uri).version == 1
+
+
+def test_cli_reports_library_errors_without_a_traceback(tmp_path, capsys):
+    status = cli.main(["demo", "--uri", str(tmp_path / "missing.lance"), "--epochs", "1"])
+    assert status == 1
+    assert capsys.readouterr().err.startswith("FileNotFoundError: source: no Lance dataset at")
+
+
+def test_cli_rejects_bad_numbers(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["demo", "--batch-size", "0"])
+    assert info.value.code == 2
+    assert "should be an integer >= 1, got 0" in capsys.readouterr().err

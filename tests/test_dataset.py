@@ -1,0 +1,295 @@
+"""Tests for lance_prefetch.PrefetchLoader end to end on real Lance datasets (``id`` = position)."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import threading
+import time
+from collections import Counter
+
+import lance
+import numpy as np
+import pytest
+import torch
+from helpers import batch_ids, collect, expected_rank_ids, loop_threads, wait_until
+
+from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch.source import LanceSource
+
+
+def test_batches_are_dicts_of_tensors_in_permutation_order(ids_1003):
+    """Each batch holds exactly the plan's rows, in permutation order, with matching columns."""
+    loader = PrefetchLoader(ids_1003, 10, seed=3)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 100
+    first = batches[0]
+    assert list(first) == ["id", "vector", "label"]
+    assert first["id"].dtype == torch.int64 and first["id"].shape == (10,)
+    assert first["vector"].dtype == torch.float32 and first["vector"].shape == (10, 3)
+    assert torch.equal(first["vector"], first["id"][:, None].float() * torch.tensor([1.0, 2.0, 3.0]))
+    assert torch.equal(first["label"], first["id"] % 10)
+    assert batch_ids(batches) == expected_rank_ids(loader)
+    assert [i for b in batch_ids(batches) for i in b] == loader.epoch_plan().permutation[:1000].tolist()
+
+
+def test_drop_last_false_single_process(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, drop_last=False, columns=["id"])
+    batches = collect(loader)
+    assert [len(b) for b in batches] == [10] * 100 + [3]
+    assert sorted(i for b in batches for i in b) == list(range(1003))
+
+
+@pytest.mark.slow
+def test_num_workers_give_the_same_sequence(ids_1003):
+    """Acceptance 2: identical batch sequence for num_workers 0, 1, 3, 7 (spawn)."""
+    for drop_last, sizes in ((True, [10] * 100), (False, [10] * 100 + [3])):
+        loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=11, drop_last=drop_last)
+        reference = collect(loader, 0)
+        assert [len(b) for b in reference] == sizes
+        assert reference == expected_rank_ids(loader)
+        for num_workers in ([1, 3, 7] if drop_last else [3]):
+            assert collect(loader, num_workers) == reference, num_workers
+
+
+@pytest.mark.slow
+def test_ranks_times_workers(ids_1003):
+    """Acceptance 1: 2 ranks x 3 spawn workers; coverage for drop_last False, no repeats for True."""
+    for drop_last in (False, True):
+        streams = []
+        for rank in range(2):
+            loader = PrefetchLoader(
+                ids_1003, 10, columns=["id"], rank=rank, world_size=2, drop_last=drop_last
+            )
+            stream = collect(loader, num_workers=3)
+            assert stream == expected_rank_ids(loader)
+            streams.append(stream)
+        assert len(streams[0]) == len(streams[1])
+        counts = Counter(i for stream in streams for batch in stream for i in batch)
+        if drop_last:
+            assert [len(streams[0]), len(streams[1])] == [50, 50]
+            assert all(len(b) == 10 for stream in streams for b in stream)
+            assert max(counts.values()) == 1 and len(counts) == 1000
+        else:
+            assert [len(streams[0]), len(streams[1])] == [51, 51]
+            assert set(counts) == set(range(1003))
+            assert sum(counts.values()) == 1004  # one row padded, as DistributedSampler pads
+
+
+def test_set_epoch_changes_the_order_reproducibly(ids_1003):
+    """Acceptance 4: seed 7, three epochs: three different orders, reproduced by a second loader."""
+    first = PrefetchLoader(ids_1003, 10, seed=7, columns=["id"])
+    second = PrefetchLoader(ids_1003, 10, seed=7, columns=["id"])
+    orders = []
+    for epoch in range(3):
+        first.set_epoch(epoch)
+        second.set_epoch(epoch)
+        order = collect(first)
+        assert collect(second) == order
+        orders.append(order)
+    assert orders[0] != orders[1] != orders[2] != orders[0]
+    assert collect(first) == orders[2]  # no set_epoch: the same epoch again, as with DistributedSampler
+
+
+@pytest.mark.parametrize("readahead", [1, 2, 5, 200])
+@pytest.mark.parametrize("max_in_flight", [1, 4])
+def test_depths(ids_1003, ids_25, readahead, max_in_flight):
+    """Acceptance 5: every id once for any readahead x max_in_flight, also beyond the epoch."""
+    max_in_flight = min(max_in_flight, readahead)
+    loader = PrefetchLoader(
+        ids_1003, 10, columns=["id"], drop_last=False, readahead=readahead, max_in_flight=max_in_flight
+    )
+    batches = collect(loader)
+    assert len(batches) == 101 and sorted(i for b in batches for i in b) == list(range(1003))
+    small = PrefetchLoader(
+        ids_25, 4, columns=["id"], drop_last=False, readahead=readahead, max_in_flight=max_in_flight
+    )
+    assert sorted(i for b in collect(small) for i in b) == list(range(25))
+
+
+def failing_take_at(monkeypatch, loader, position, error):
+    """Make the take of global batch ``position`` raise ``error``; return the calls seen."""
+    target = loader.epoch_plan().batch(position).indices.tolist()
+    original = LanceSource.take
+    calls = []
+
+    def take(self, indices):
+        calls.append(indices.tolist())
+        if indices.tolist() == target:
+            raise error
+        return original(self, indices)
+
+    monkeypatch.setattr(LanceSource, "take", take)
+    return calls
+
+
+def test_a_failing_take_surfaces_quickly_and_leaves_no_thread(ids_1003, monkeypatch):
+    """Acceptance 6: the 3rd batch's take raises: batches 0 and 1 arrive, then the error."""
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    failing_take_at(monkeypatch, loader, 2, OSError("disk on fire"))
+    iterator = iter(loader)
+    start = time.monotonic()
+    received = [next(iterator)["id"].tolist() for _ in range(2)]
+    with pytest.raises(BatchLoadError) as info:
+        next(iterator)
+    assert time.monotonic() - start < 1.0
+    assert received == expected_rank_ids(loader)[:2]
+    assert isinstance(info.value.__cause__, OSError)
+    assert (info.value.epoch, info.value.position, info.value.num_rows) == (0, 2, 10)
+    assert str(info.value).startswith("batch 2 of epoch 0 (10 rows) from ")
+    assert str(info.value).endswith("failed: OSError: disk on fire")
+    assert wait_until(lambda: not loop_threads(), timeout=1.0)
+
+
+def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003, monkeypatch):
+    """Acceptance 7: batch 2's take stalls 1 s, readahead 4: never more than 4 batches held.
+
+    Held = takes started - batches handed to the loop (the iterator's own count, taken before it
+    gives a readahead slot back, so a late read can only overstate what is held).
+    """
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], readahead=4, max_in_flight=4)
+    slow = loader.epoch_plan().batch(2).indices.tolist()
+    original = LanceSource.take
+    lock = threading.Lock()
+    started, held_at_start = [0], []
+    iterator = None
+
+    def take(self, indices):
+        with lock:
+            started[0] += 1
+            held_at_start.append(started[0] - iterator.statistics().received)
+        if indices.tolist() == slow:
+            time.sleep(1.0)
+        return original(self, indices)
+
+    monkeypatch.setattr(LanceSource, "take", take)
+    iterator = iter(loader)
+    held = []
+    for batch_number, _ in enumerate(iterator):
+        held.append(iterator.statistics().held)
+        if batch_number == 30:
+            break
+    assert max(held_at_start) == 4  # reached while batch 2 stalled, never exceeded
+    assert max(held) <= 4
+
+
+def test_transform_runs_on_every_batch(ids_25):
+    def transform(batch):
+        return batch["id"] * 2
+
+    loader = PrefetchLoader(ids_25, 5, columns=["id"], transform=transform, drop_last=False)
+    out = [t.tolist() for t in loader]
+    assert out == [[2 * i for i in b] for b in expected_rank_ids(loader)]
+
+
+def test_break_close_context_manager_and_gc_stop_the_thread(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    for _ in loader:
+        break
+    gc.collect()
+    assert wait_until(lambda: not loop_threads())
+
+    iterator = iter(loader)
+    next(iterator)
+    assert loop_threads()
+    loader.close()
+    assert iterator.closed and not loop_threads()
+
+    with PrefetchLoader(ids_1003, 10, columns=["id"]) as managed:
+        iterator = iter(managed)
+        next(iterator)
+    assert iterator.closed and not loop_threads()
+    # A fresh iteration after a break starts at the beginning, with nothing left over.
+    assert collect(loader) == expected_rank_ids(loader)
+
+
+def test_no_loop_thread_before_iteration_and_pickle_round_trip(ids_1003):
+    loader = PrefetchLoader(
+        ids_1003, 10, columns=["id"], storage_options={"aws_secret_access_key": "hunter2"}
+    )
+    assert not loop_threads()
+    clone = pickle.loads(pickle.dumps(loader))
+    assert collect(clone) == collect(loader)
+    assert "hunter2" not in repr(loader)
+
+
+def test_version_pinned_against_later_writes(fresh_ids):
+    uri = fresh_ids(30)
+    loader = PrefetchLoader(uri, 10, columns=["id"])
+    lance.write_dataset(lance.dataset(uri).to_table(), uri, mode="append")
+    lance.dataset(uri).delete("id < 5")
+    assert loader.num_rows == 30 and loader.version == 1
+    assert sorted(i for b in collect(loader) for i in b) == list(range(30))
+
+
+def test_deleted_rows_are_never_sampled(fresh_ids):
+    uri = fresh_ids(40, rows_per_file=10)
+    lance.dataset(uri).delete("id % 4 = 0")
+    loader = PrefetchLoader(uri, 5, columns=["id"], drop_last=False)
+    assert loader.num_rows == 30
+    assert sorted(i for b in collect(loader) for i in b) == [i for i in range(40) if i % 4]
+
+
+def test_rank_from_environment(ids_1003, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    assert (loader.rank, loader.world_size, len(loader)) == (1, 3, 33)
+    explicit = PrefetchLoader(ids_1003, 10, columns=["id"], rank=0, world_size=1)
+    assert (explicit.rank, explicit.world_size) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (dict(batch_size=0), ValueError, "batch_size should be an integer >= 1, but got batch_size=0"),
+        (dict(batch_size=1.5), TypeError, "batch_size should be an integer, but got batch_size=1.5 (float)"),
+        (dict(batch_size=10, readahead=0), ValueError, "readahead should be an integer >= 1, but got readahead=0"),
+        (dict(batch_size=10, max_in_flight=0), ValueError, "max_in_flight should be an integer >= 1, but got max_in_flight=0"),
+        (dict(batch_size=10, readahead=2, max_in_flight=3), ValueError, "max_in_flight should be <= readahead, but got max_in_flight=3 > readahead=2; every fetch in flight holds one of the readahead slots"),
+        (dict(batch_size=10, rank=2, world_size=2), ValueError, "Invalid rank 2, rank should be in the interval [0, 1] for world_size=2"),
+        (dict(batch_size=10, rank=0), ValueError, "pass rank and world_size together (or neither, to detect them), but got rank=0, world_size=None"),
+        (dict(batch_size=10, drop_last="yes"), TypeError, "drop_last should be True or False, but got drop_last='yes'"),
+        (dict(batch_size=10, transform=3), TypeError, "transform should be callable or None, but got 3"),
+        (dict(batch_size=10, seed=-3), ValueError, "seed should be an integer >= 0, but got seed=-3"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused_before_any_io(tmp_path, kwargs, error, message):
+    """The source does not exist: these errors come first, so no I/O was attempted."""
+    with pytest.raises(error) as info:
+        PrefetchLoader(tmp_path / "missing.lance", **kwargs)
+    assert str(info.value) == message
+
+
+def test_errors_that_need_the_dataset(ids_25, fresh_ids, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^source: no Lance dataset at"):
+        PrefetchLoader(tmp_path / "missing.lance", 10)
+    with pytest.raises(ValueError, match=r"^columns \['nope'\] are not in the dataset"):
+        PrefetchLoader(ids_25, 10, columns=["nope"])
+    with pytest.raises(ValueError, match=r"^version=3 does not exist in"):
+        PrefetchLoader(ids_25, 10, version=3)
+    with pytest.raises(ValueError, match=r"^drop_last=True needs at least batch_size \* world_size = 10 \* 3 = 30 rows, but the dataset has 25"):
+        PrefetchLoader(ids_25, 10, rank=0, world_size=3)
+    empty = fresh_ids(5, name="empty.lance")
+    lance.dataset(empty).delete("true")
+    with pytest.raises(ValueError, match=r"^source: the dataset .* has no rows at version 2"):
+        PrefetchLoader(empty, 1)
+
+
+def test_unsupported_column_type_is_refused_at_construction(tmp_path):
+    import pyarrow as pa
+
+    uri = str(tmp_path / "ts.lance")
+    lance.write_dataset(pa.table({"id": [1, 2], "when": pa.array([1, 2], pa.timestamp("us"))}), uri)
+    with pytest.raises(TypeError, match=r"^column 'when' has Arrow type timestamp\[us\]"):
+        PrefetchLoader(uri, 1)
+    (only,) = PrefetchLoader(uri, 2, columns=["id"])  # the other columns still work
+    assert sorted(only["id"].tolist()) == [1, 2]
+
+
+def test_open_lance_dataset_as_source(ids_1003):
+    dataset = lance.dataset(ids_1003)
+    loader = PrefetchLoader(dataset, 100, columns=["id"])
+    assert loader.uri == dataset.uri and loader.version == dataset.version
+    delivered = np.concatenate(collect(loader))
+    assert np.array_equal(delivered, loader.epoch_plan().permutation[:1000])

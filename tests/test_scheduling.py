@@ -1,0 +1,177 @@
+"""Tests for lance_prefetch.scheduling with fake fetch functions (no Lance, no torch)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import anyio
+import anyio.to_thread
+import pytest
+from helpers import loop_threads, wait_until
+
+from lance_prefetch.scheduling import BlockingPrefetcher, Prefetcher
+
+
+class FakeFetch:
+    """A fetch that records how many items are held (started, not yet received) at each start.
+
+    ``delays`` maps an item to seconds to sleep; ``fail`` is an item whose fetch raises.
+    """
+
+    def __init__(self, delays=None, fail=None):
+        self.delays = delays or {}
+        self.fail = fail
+        self.lock = threading.Lock()
+        self.started = 0
+        self.prefetcher = None  # set to read how many items the consumer received
+        self.running = 0
+        self.max_held = 0
+        self.max_running = 0
+
+    def __call__(self, item):
+        with self.lock:
+            self.started += 1
+            self.running += 1
+            received = 0 if self.prefetcher is None else self.prefetcher.statistics().received
+            self.max_held = max(self.max_held, self.started - received)
+            self.max_running = max(self.max_running, self.running)
+        try:
+            time.sleep(self.delays.get(item, 0.0))
+            if item == self.fail:
+                raise KeyError(f"no item {item}")
+            return item * 10
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    def consume(self, iterator):
+        """Drain ``iterator``; held counts use its own received count, taken before a slot frees."""
+        self.prefetcher = iterator
+        return list(iterator)
+
+
+def test_results_come_in_plan_order_when_fetches_finish_out_of_order():
+    """Item 0 is the slowest, item 5 slower than its neighbours: order still 0, 1, 2, ..."""
+    fetch = FakeFetch(delays={i: 0.05 for i in range(12)} | {0: 0.3, 5: 0.15})
+    iterator = BlockingPrefetcher(range(12), fetch, readahead=6, max_in_flight=4)
+    assert fetch.consume(iterator) == [i * 10 for i in range(12)]
+    assert fetch.max_running == 4
+
+
+@pytest.mark.parametrize("readahead,max_in_flight", [(1, 1), (2, 1), (5, 4), (200, 4)])
+def test_every_item_once_for_any_depth(readahead, max_in_flight):
+    fetch = FakeFetch()
+    iterator = BlockingPrefetcher(range(101), fetch, readahead=readahead, max_in_flight=max_in_flight)
+    assert fetch.consume(iterator) == [i * 10 for i in range(101)]
+    assert fetch.started == 101
+    assert fetch.max_held <= readahead and fetch.max_running <= max_in_flight
+
+
+def test_readahead_bounds_held_items_while_one_fetch_stalls():
+    """With item 3 stalled for 1 s and readahead 4, never more than 4 items are held."""
+    fetch = FakeFetch(delays={3: 1.0})
+    iterator = BlockingPrefetcher(range(20), fetch, readahead=4, max_in_flight=4)
+    fetch.prefetcher = iterator
+    seen_held = []
+    out = []
+    for value in iterator:
+        seen_held.append(iterator.statistics().held)
+        out.append(value)
+        time.sleep(0.01)
+    assert out == [i * 10 for i in range(20)]
+    assert fetch.max_held == 4  # reached, never exceeded
+    assert max(seen_held) <= 4
+
+
+def test_the_error_of_a_fetch_surfaces_in_order_and_stops_the_producer():
+    fetch = FakeFetch(fail=2)
+    iterator = BlockingPrefetcher(range(100), fetch, readahead=4, max_in_flight=2)
+    assert next(iterator) == 0
+    assert next(iterator) == 10
+    with pytest.raises(KeyError, match="no item 2"):
+        next(iterator)
+    assert iterator.closed
+    assert fetch.started <= 2 + 4  # nothing started after the failure was seen
+    assert wait_until(lambda: not loop_threads())
+    with pytest.raises(StopIteration):
+        next(iterator)
+
+
+def test_a_broken_plan_raises_instead_of_ending_quietly():
+    def plan():
+        yield 0
+        yield 1
+        raise ValueError("plan broke")
+
+    iterator = BlockingPrefetcher(plan(), FakeFetch(), readahead=3, max_in_flight=1)
+    assert [next(iterator), next(iterator)] == [0, 10]
+    with pytest.raises(ValueError, match="plan broke"):
+        next(iterator)
+
+
+def test_close_does_not_wait_for_a_stuck_fetch():
+    """A fetch stuck for 3 s is abandoned: close returns at once and the loop thread is gone."""
+    fetch = FakeFetch(delays={1: 3.0})
+    iterator = BlockingPrefetcher(range(10), fetch, readahead=4, max_in_flight=2)
+    assert next(iterator) == 0
+    time.sleep(0.05)  # let item 1 start
+    before = time.monotonic()
+    iterator.close()
+    assert time.monotonic() - before < 1.0
+    assert iterator.closed and not loop_threads()
+    iterator.close()  # idempotent
+
+
+def test_garbage_collection_after_break_stops_the_thread():
+    def run():
+        for value in BlockingPrefetcher(range(1000), FakeFetch(), readahead=8, max_in_flight=2):
+            if value == 30:
+                break
+
+    run()
+    gc.collect()
+    assert wait_until(lambda: not loop_threads())
+
+
+def test_close_from_another_thread_ends_a_waiting_consumer():
+    fetch = FakeFetch(delays={0: 5.0})
+    iterator = BlockingPrefetcher(range(5), fetch, readahead=2, max_in_flight=1)
+    threading.Timer(0.2, iterator.close).start()
+    before = time.monotonic()
+    assert list(iterator) == []
+    assert time.monotonic() - before < 2.0
+
+
+def test_bad_depths():
+    with pytest.raises(ValueError, match=r"^max_in_flight should be <= readahead, but got max_in"):
+        Prefetcher(range(3), FakeFetch(), readahead=2, max_in_flight=3)
+    with pytest.raises(ValueError, match=r"^readahead should be an integer >= 1, but got readahead=0$"):
+        Prefetcher(range(3), FakeFetch(), readahead=0, max_in_flight=1)
+
+
+@pytest.mark.anyio
+async def test_prefetcher_runs_inside_the_callers_task_group():
+    """The producer is a plain anyio task; a consumer thread drains it in order."""
+    fetch = FakeFetch(delays={0: 0.1})
+    prefetcher = Prefetcher(range(10), fetch, readahead=3, max_in_flight=2)
+
+    def drain():
+        out = []
+        while True:
+            try:
+                out.append(prefetcher.get())
+            except StopIteration:
+                return out
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(prefetcher.run)
+        out = await anyio.to_thread.run_sync(drain)
+    assert out == [i * 10 for i in range(10)]
+    assert prefetcher.statistics().received == 10
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"

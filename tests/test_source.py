@@ -1,0 +1,116 @@
+"""Tests for lance_prefetch.source: pinning, projection, take by offset, pickling."""
+
+from __future__ import annotations
+
+import pickle
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lance_prefetch.source import LanceSource, redact
+
+
+def test_take_returns_rows_in_the_requested_order_across_fragments(ids_1003):
+    source = LanceSource(ids_1003, columns=["id", "vector"])
+    indices = np.array([1002, 0, 299, 300, 601, 5, 5], dtype=np.uint16)  # 4 fragments, a repeat
+    table = source.take(indices)
+    assert table.column("id").to_pylist() == [1002, 0, 299, 300, 601, 5, 5]
+    assert table.column_names == ["id", "vector"]
+    assert table.column("vector").to_pylist()[1] == [0.0, 0.0, 0.0]
+    assert table.column("vector").to_pylist()[0] == [1002.0, 2004.0, 3006.0]
+
+
+def test_out_of_range_offsets_are_refused_before_reading(ids_25):
+    """Lance would silently drop offset 25; the source refuses the whole batch."""
+    source = LanceSource(ids_25)
+    with pytest.raises(IndexError, match=r"^row offsets must be in \[0, 25\) for .* but got min 3, max 25$"):
+        source.take(np.array([3, 25]))
+
+
+def test_version_is_pinned_at_construction(fresh_ids):
+    uri = fresh_ids(10)
+    source = LanceSource(uri)
+    lance.write_dataset(pa.table({"id": [99], "vector": source.take(np.array([0])).column("vector"),
+                                  "label": [9]}), uri, mode="append")  # fmt: skip
+    fresh = pickle.loads(pickle.dumps(source))  # reopens by URI + pinned version
+    assert source.version == fresh.version == 1 and fresh.num_rows == 10
+    assert fresh.take(np.arange(10)).column("id").to_pylist() == list(range(10))
+    assert LanceSource(uri).num_rows == 11
+    assert LanceSource(uri, version=1).num_rows == 10
+
+
+def test_offsets_address_live_rows_after_deletes(fresh_ids):
+    uri = fresh_ids(10)
+    lance.dataset(uri).delete("id >= 3 AND id <= 5")
+    source = LanceSource(uri, columns=["id"])
+    assert source.num_rows == 7
+    assert source.take(np.arange(7)).column("id").to_pylist() == [0, 1, 2, 6, 7, 8, 9]
+
+
+def test_open_dataset_and_tag(fresh_ids):
+    uri = fresh_ids(5)
+    dataset = lance.dataset(uri)
+    dataset.tags.create("v1", 1)
+    assert LanceSource(dataset).version == 1
+    assert LanceSource(uri, version="v1").version == 1
+
+
+def test_pickles_small_without_the_open_dataset(ids_1003):
+    source = LanceSource(ids_1003, storage_options={"region": "x"})
+    data = pickle.dumps(source)
+    assert len(data) < 1500
+    clone = pickle.loads(data)
+    assert clone._dataset is None  # opened lazily, on first take
+    assert clone.take(np.array([7])).column("id").to_pylist() == [7]
+
+
+def test_missing_dataset(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^source: no Lance dataset at '.*nothing.lance'"):
+        LanceSource(tmp_path / "nothing.lance")
+
+
+def test_directory_that_is_not_a_dataset(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "file.txt").write_text("hello")
+    with pytest.raises(FileNotFoundError, match=r"^source: no Lance dataset at"):
+        LanceSource(tmp_path / "plain")
+
+
+def test_missing_version(ids_25):
+    with pytest.raises(ValueError, match=r"^version=7 does not exist in '.*'; its latest version is 1$"):
+        LanceSource(ids_25, version=7)
+
+
+@pytest.mark.parametrize(
+    "columns,error,message",
+    [
+        (["id", "nope"], ValueError, r"^columns \['nope'\] are not in the dataset .* its columns are \['id', 'vector', 'label'\]$"),
+        ("id", TypeError, r"^columns should be a list of column names, but got columns='id'$"),
+        ([], ValueError, r"^columns should name at least one column"),
+        (["id", "id"], ValueError, r"^columns should not repeat a name"),
+    ],
+)  # fmt: skip
+def test_bad_columns(ids_25, columns, error, message):
+    with pytest.raises(error, match=message):
+        LanceSource(ids_25, columns=columns)
+
+
+def test_bad_source_and_storage_options(ids_25):
+    with pytest.raises(TypeError, match=r"^source should be a dataset URI .* but got int$"):
+        LanceSource(42)
+    with pytest.raises(TypeError, match=r"keys \['aws_secret_access_key'\]$") as info:
+        LanceSource(ids_25, storage_options={"aws_secret_access_key": 123})
+    assert "123" not in str(info.value)
+
+
+def test_repr_and_redact_hide_secrets(ids_25):
+    options = {"aws_access_key_id": "AKIA1", "aws_secret_access_key": "s3cr3t",
+               "aws_session_token": "tok", "aws_endpoint": "http://127.0.0.1:9000"}  # fmt: skip
+    text = repr(LanceSource(ids_25, storage_options=options))
+    for secret in ("AKIA1", "s3cr3t", "tok'"):
+        assert secret not in text
+    assert "http://127.0.0.1:9000" in text
+    assert redact(options) == {"aws_access_key_id": "***", "aws_secret_access_key": "***",
+                               "aws_session_token": "***", "aws_endpoint": "http://127.0.0.1:9000"}  # fmt: skip
