@@ -48,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
 def _run_demo(args: argparse.Namespace) -> int:
     try:
         from . import demo
-    except ModuleNotFoundError as exc:  # torch-free installs never reach here; sklearn may be absent
+    except (
+        ModuleNotFoundError
+    ) as exc:  # torch-free installs never reach here; sklearn may be absent
         print(f"{exc}; install the demo extra: pip install 'lance-prefetch[demo]'", file=sys.stderr)
         return 1
     uri, eval_uri = args.uri, args.eval_uri

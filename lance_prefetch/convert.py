@@ -58,8 +58,10 @@ def _is_fixed_list_of_numbers(arrow_type: pa.DataType) -> bool:
 
 
 def _is_text(arrow_type: pa.DataType) -> bool:
-    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or (
-        getattr(pa.types, "is_string_view", lambda _: False)(arrow_type)
+    return (
+        pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or (getattr(pa.types, "is_string_view", lambda _: False)(arrow_type))
     )
 
 
@@ -118,9 +120,10 @@ def to_tensors(table: pa.Table) -> dict[str, Any]:
         ValueError: an integer or bool column, or a fixed-size list, holds nulls.
         TypeError: a column type has no conversion.
     """
-    return {name: _column(name, _one_array(column)) for name, column in zip(
-        table.column_names, table.columns
-    )}
+    return {
+        name: _column(name, _one_array(column))
+        for name, column in zip(table.column_names, table.columns, strict=True)
+    }
 
 
 def _one_array(column: pa.ChunkedArray) -> pa.Array:
@@ -157,9 +160,7 @@ def _variable_lists(name: str, array: pa.Array) -> list[torch.Tensor | None]:
     offsets = array.offsets.to_numpy()  # absolute positions in array.values
     flat = _column(name, array.values)
     valid = array.is_valid().to_numpy(zero_copy_only=False)
-    return [
-        flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(array))
-    ]
+    return [flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(array))]
 
 
 def _numbers(name: str, array: pa.Array) -> torch.Tensor:

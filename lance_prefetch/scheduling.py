@@ -269,7 +269,9 @@ class BlockingPrefetcher(Iterator[R]):
     def __init__(
         self, items: Iterable[T], fetch: Callable[[T], R], *, readahead: int, max_in_flight: int
     ) -> None:
-        self._prefetcher = Prefetcher(items, fetch, readahead=readahead, max_in_flight=max_in_flight)
+        self._prefetcher = Prefetcher(
+            items, fetch, readahead=readahead, max_in_flight=max_in_flight
+        )
         self._lock = threading.Lock()
         with contextlib.ExitStack() as stack:
             portal = stack.enter_context(

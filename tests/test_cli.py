@@ -54,7 +54,10 @@ def test_write_digits_is_real_data_split_without_overlap(tmp_path):
     test = lance.dataset(test_uri).to_table()
     assert train.num_rows + test.num_rows == 1797
     assert not set(train.column("id").to_pylist()) & set(test.column("id").to_pylist())
-    assert str(train.schema.field("image").type) == "fixed_size_list<item: fixed_size_list<item: uint8>[8]>[8]"
+    assert (
+        str(train.schema.field("image").type)
+        == "fixed_size_list<item: fixed_size_list<item: uint8>[8]>[8]"
+    )
     assert demo.write_digits(tmp_path) == (train_uri, test_uri)  # reused, not rewritten
     assert lance.dataset(train_uri).version == 1
 

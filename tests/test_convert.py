@@ -57,7 +57,10 @@ def test_fixed_size_lists_become_nd_tensors_without_copy():
     assert out["vec"].shape == (2, 4) and out["vec"][1].tolist() == [4, 5, 6, 7]
     assert out["img"].shape == (2, 3, 4) and out["img"].dtype == torch.float32
     assert torch.equal(out["img"], torch.from_numpy(values.reshape(2, 3, 4)))
-    assert out["img"].data_ptr() == table.column("img").chunk(0).flatten().flatten().buffers()[1].address
+    assert (
+        out["img"].data_ptr()
+        == table.column("img").chunk(0).flatten().flatten().buffers()[1].address
+    )
 
 
 def test_slices_respect_the_offset():
@@ -88,7 +91,9 @@ def test_float_nulls_become_nan_integer_nulls_are_refused():
     assert out["f"][0] == 1.0 and torch.isnan(out["f"][1])
     with pytest.raises(ValueError, match=r"^column 'i' \(int64\) holds 1 nulls in this batch"):
         to_tensors(pa.table({"i": pa.array([1, None])}))
-    null_list = pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2.0]), 1, mask=pa.array([False, True]))
+    null_list = pa.FixedSizeListArray.from_arrays(
+        pa.array([1.0, 2.0]), 1, mask=pa.array([False, True])
+    )
     with pytest.raises(ValueError, match=r"^column 'v' holds 1 null fixed-size lists"):
         to_tensors(pa.table({"v": null_list}))
 

@@ -27,10 +27,14 @@ def test_batches_are_dicts_of_tensors_in_permutation_order(ids_1003):
     assert list(first) == ["id", "vector", "label"]
     assert first["id"].dtype == torch.int64 and first["id"].shape == (10,)
     assert first["vector"].dtype == torch.float32 and first["vector"].shape == (10, 3)
-    assert torch.equal(first["vector"], first["id"][:, None].float() * torch.tensor([1.0, 2.0, 3.0]))
+    assert torch.equal(
+        first["vector"], first["id"][:, None].float() * torch.tensor([1.0, 2.0, 3.0])
+    )
     assert torch.equal(first["label"], first["id"] % 10)
     assert batch_ids(batches) == expected_rank_ids(loader)
-    assert [i for b in batch_ids(batches) for i in b] == loader.epoch_plan().permutation[:1000].tolist()
+    assert [i for b in batch_ids(batches) for i in b] == loader.epoch_plan().permutation[
+        :1000
+    ].tolist()
 
 
 def test_drop_last_false_single_process(ids_1003):
@@ -48,7 +52,7 @@ def test_num_workers_give_the_same_sequence(ids_1003):
         reference = collect(loader, 0)
         assert [len(b) for b in reference] == sizes
         assert reference == expected_rank_ids(loader)
-        for num_workers in ([1, 3, 7] if drop_last else [3]):
+        for num_workers in [1, 3, 7] if drop_last else [3]:
             assert collect(loader, num_workers) == reference, num_workers
 
 
@@ -88,7 +92,9 @@ def test_set_epoch_changes_the_order_reproducibly(ids_1003):
         assert collect(second) == order
         orders.append(order)
     assert orders[0] != orders[1] != orders[2] != orders[0]
-    assert collect(first) == orders[2]  # no set_epoch: the same epoch again, as with DistributedSampler
+    assert (
+        collect(first) == orders[2]
+    )  # no set_epoch: the same epoch again, as with DistributedSampler
 
 
 @pytest.mark.parametrize("readahead", [1, 2, 5, 200])
@@ -97,7 +103,12 @@ def test_depths(ids_1003, ids_25, readahead, max_in_flight):
     """Acceptance 5: every id once for any readahead x max_in_flight, also beyond the epoch."""
     max_in_flight = min(max_in_flight, readahead)
     loader = PrefetchLoader(
-        ids_1003, 10, columns=["id"], drop_last=False, readahead=readahead, max_in_flight=max_in_flight
+        ids_1003,
+        10,
+        columns=["id"],
+        drop_last=False,
+        readahead=readahead,
+        max_in_flight=max_in_flight,
     )
     batches = collect(loader)
     assert len(batches) == 101 and sorted(i for b in batches for i in b) == list(range(1003))
@@ -268,7 +279,10 @@ def test_errors_that_need_the_dataset(ids_25, fresh_ids, tmp_path):
         PrefetchLoader(ids_25, 10, columns=["nope"])
     with pytest.raises(ValueError, match=r"^version=3 does not exist in"):
         PrefetchLoader(ids_25, 10, version=3)
-    with pytest.raises(ValueError, match=r"^drop_last=True needs at least batch_size \* world_size = 10 \* 3 = 30 rows, but the dataset has 25"):
+    with pytest.raises(
+        ValueError,
+        match=r"^drop_last=True needs at least batch_size \* world_size = 10 \* 3 = 30 rows, but the dataset has 25",
+    ):
         PrefetchLoader(ids_25, 10, rank=0, world_size=3)
     empty = fresh_ids(5, name="empty.lance")
     lance.dataset(empty).delete("true")

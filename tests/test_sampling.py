@@ -54,6 +54,15 @@ def test_worked_example_from_the_module_docstring():
     assert plan.batches_per_rank == 3 and plan.last_batch_size == 2 and plan.num_padded == 1
     assert rank_rows(plan, 0) == [[p[0], p[1]], [p[4], p[5]], [p[8], p[9]]]
     assert rank_rows(plan, 1) == [[p[2], p[3]], [p[6], p[7]], [p[10], p[0]]]
+    workers = [
+        [b.position for b in plan.rank_batches(0, worker_id=w, num_workers=2)] for w in (0, 1)
+    ]
+    assert workers == [[0, 4], [2]]
+
+    plan = EpochPlan(num_rows=11, batch_size=2, world_size=2, drop_last=True, seed=5)
+    assert plan.batches_per_rank == 2 and plan.num_dropped == 3
+    assert rank_rows(plan, 0) == [[p[0], p[1]], [p[4], p[5]]]
+    assert rank_rows(plan, 1) == [[p[2], p[3]], [p[6], p[7]]]
 
 
 def test_drop_last_counts_1003_rows_batch_10():
@@ -130,9 +139,7 @@ def test_workers_split_a_rank_round_robin(num_workers):
         [b.position for b in plan.rank_batches(1, worker_id=w, num_workers=num_workers)]
         for w in range(num_workers)
     ]
-    interleaved = [
-        s[i] for i in range(max(map(len, streams))) for s in streams if i < len(s)
-    ]
+    interleaved = [s[i] for i in range(max(map(len, streams))) for s in streams if i < len(s)]
     assert interleaved == [b.position for b in plan.rank_batches(1)]
     assert interleaved == list(range(1, 2 * 51, 2))
 
@@ -170,7 +177,9 @@ def test_bad_arguments(kwargs, error, message):
 
 def test_bad_rank_and_position():
     plan = EpochPlan(num_rows=100, batch_size=10, world_size=2)
-    with pytest.raises(ValueError, match=r"^Invalid rank 2, rank should be in the interval \[0, 1\]$"):
+    with pytest.raises(
+        ValueError, match=r"^Invalid rank 2, rank should be in the interval \[0, 1\]$"
+    ):
         next(plan.rank_batches(2))
     with pytest.raises(IndexError, match=r"^position=10 is outside the epoch's 10 global batches$"):
         plan.batch(10)

@@ -63,7 +63,9 @@ def test_results_come_in_plan_order_when_fetches_finish_out_of_order():
 @pytest.mark.parametrize("readahead,max_in_flight", [(1, 1), (2, 1), (5, 4), (200, 4)])
 def test_every_item_once_for_any_depth(readahead, max_in_flight):
     fetch = FakeFetch()
-    iterator = BlockingPrefetcher(range(101), fetch, readahead=readahead, max_in_flight=max_in_flight)
+    iterator = BlockingPrefetcher(
+        range(101), fetch, readahead=readahead, max_in_flight=max_in_flight
+    )
     assert fetch.consume(iterator) == [i * 10 for i in range(101)]
     assert fetch.started == 101
     assert fetch.max_held <= readahead and fetch.max_running <= max_in_flight
@@ -147,7 +149,9 @@ def test_close_from_another_thread_ends_a_waiting_consumer():
 def test_bad_depths():
     with pytest.raises(ValueError, match=r"^max_in_flight should be <= readahead, but got max_in"):
         Prefetcher(range(3), FakeFetch(), readahead=2, max_in_flight=3)
-    with pytest.raises(ValueError, match=r"^readahead should be an integer >= 1, but got readahead=0$"):
+    with pytest.raises(
+        ValueError, match=r"^readahead should be an integer >= 1, but got readahead=0$"
+    ):
         Prefetcher(range(3), FakeFetch(), readahead=0, max_in_flight=1)
 
 

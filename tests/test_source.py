@@ -25,7 +25,9 @@ def test_take_returns_rows_in_the_requested_order_across_fragments(ids_1003):
 def test_out_of_range_offsets_are_refused_before_reading(ids_25):
     """Lance would silently drop offset 25; the source refuses the whole batch."""
     source = LanceSource(ids_25)
-    with pytest.raises(IndexError, match=r"^row offsets must be in \[0, 25\) for .* but got min 3, max 25$"):
+    with pytest.raises(
+        IndexError, match=r"^row offsets must be in \[0, 25\) for .* but got min 3, max 25$"
+    ):
         source.take(np.array([3, 25]))
 
 
@@ -79,7 +81,9 @@ def test_directory_that_is_not_a_dataset(tmp_path):
 
 
 def test_missing_version(ids_25):
-    with pytest.raises(ValueError, match=r"^version=7 does not exist in '.*'; its latest version is 1$"):
+    with pytest.raises(
+        ValueError, match=r"^version=7 does not exist in '.*'; its latest version is 1$"
+    ):
         LanceSource(ids_25, version=7)
 
 
