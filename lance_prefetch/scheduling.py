@@ -19,9 +19,14 @@ Nothing here knows about Lance or torch: the fetch function is injected, so test
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import logging
 import queue
+import sys
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -46,6 +51,14 @@ R = TypeVar("R")
 
 #: Name of the event-loop thread a :class:`BlockingPrefetcher` starts (one per live iterator).
 THREAD_NAME = "lance-prefetch-loop"
+
+#: Seconds :meth:`BlockingPrefetcher.close` waits, by default, for the worker threads that ran
+#: fetches to finish and exit. A thread that ran a Lance ``take`` must end before the interpreter
+#: finalizes: a daemon thread frozen by finalization mid-call, or even idle after a take, makes the
+#: process abort ("terminate called without an active exception").
+CLOSE_TIMEOUT_S = 5.0
+
+_logger = logging.getLogger(__name__)
 
 
 def check_depths(readahead: int, max_in_flight: int) -> tuple[int, int]:
@@ -146,6 +159,11 @@ class Prefetcher(Generic[T, R]):
         self._received = 0  # written by the consumer only
         self._failed = False
         self._crash: BaseException | None = None
+        # Invariant: _running counts threads inside fetch; none starts once _closing is set.
+        self._idle = threading.Condition()
+        self._running = 0
+        self._closing = False
+        self._threads: set[threading.Thread] = set()  # every thread that ran a fetch
         self._loop: asyncio.AbstractEventLoop | None = None
         self._limiter: anyio.CapacityLimiter | None = None
 
@@ -202,6 +220,11 @@ class Prefetcher(Generic[T, R]):
 
     def _fetch_into(self, item: T, slot: _Slot) -> None:
         """Runs in a worker thread; hands the result straight to the consumer."""
+        with self._idle:
+            if self._closing:
+                return  # _fill's finally marks the slot closed
+            self._running += 1
+            self._threads.add(threading.current_thread())
         try:
             value = self._fetch(item)
         except Exception as exc:
@@ -209,6 +232,25 @@ class Prefetcher(Generic[T, R]):
             slot.finish(error=exc)
         else:
             slot.finish(value=value)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def stop_fetching(self, timeout: float | None) -> bool:
+        """Start no new fetch, and wait up to ``timeout`` seconds for running ones to return.
+
+        Returns:
+            bool: ``True`` if no fetch is running any more, ``False`` if the wait timed out.
+        """
+        with self._idle:
+            self._closing = True
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def fetch_threads(self) -> list[threading.Thread]:
+        """The worker threads that have run a fetch (alive or not)."""
+        with self._idle:
+            return list(self._threads)
 
     def get(self) -> R:
         """The next result in plan order; blocks the calling thread until it is there.
@@ -255,23 +297,34 @@ class BlockingPrefetcher(Iterator[R]):
 
     Args:
         items, fetch, readahead, max_in_flight: as for :class:`Prefetcher`.
+        close_timeout_s (float, optional): how long :meth:`close` waits for fetches already
+            running in threads. Default: :data:`CLOSE_TIMEOUT_S` (5 s).
 
     Errors:
         ``next()`` re-raises what ``fetch`` raised and closes the iterator. ``KeyboardInterrupt``
         (or any exception) raised while ``next()`` waits closes the iterator too.
 
     Cancellation handling:
-        :meth:`close` (also run when the iterator is exhausted, fails, or is garbage collected)
-        cancels the producer and pending fetches, abandons fetches running in threads (they finish
-        in the background, results dropped) and joins the event-loop thread. Idempotent.
+        :meth:`close` (also run when the iterator is exhausted, fails, is garbage collected, or the
+        interpreter exits) cancels the producer and every fetch not yet started, joins the
+        event-loop thread, then waits up to ``close_timeout_s`` for the worker threads that ran
+        fetches to return (a Lance ``take`` cannot be interrupted; its result is dropped) and exit.
+        A thread still running after that is abandoned with a logged warning. Idempotent.
     """
 
     def __init__(
-        self, items: Iterable[T], fetch: Callable[[T], R], *, readahead: int, max_in_flight: int
+        self,
+        items: Iterable[T],
+        fetch: Callable[[T], R],
+        *,
+        readahead: int,
+        max_in_flight: int,
+        close_timeout_s: float = CLOSE_TIMEOUT_S,
     ) -> None:
         self._prefetcher = Prefetcher(
             items, fetch, readahead=readahead, max_in_flight=max_in_flight
         )
+        self._close_timeout_s = close_timeout_s
         self._lock = threading.Lock()
         with contextlib.ExitStack() as stack:
             portal = stack.enter_context(
@@ -280,6 +333,7 @@ class BlockingPrefetcher(Iterator[R]):
             producer = portal.start_task_soon(self._prefetcher.run)
             stack.callback(producer.cancel)  # runs before the portal stops
             self._stack: contextlib.ExitStack | None = stack.pop_all()
+        _live.add(self)
 
     def __iter__(self) -> BlockingPrefetcher[R]:
         return self
@@ -308,12 +362,42 @@ class BlockingPrefetcher(Iterator[R]):
         return self._prefetcher.statistics()
 
     def close(self) -> None:
-        """Cancel pending fetches and stop the event-loop thread. Safe to call more than once."""
+        """Cancel pending fetches, stop the event-loop thread, wait for running fetches (bounded).
+
+        Safe to call more than once, and from another thread than the consumer's.
+        """
         with self._lock:
             stack, self._stack = self._stack, None
-        if stack is not None:
-            stack.close()
+        if stack is None:
+            return
+        _live.discard(self)
+        deadline = time.monotonic() + self._close_timeout_s
+        self._prefetcher.stop_fetching(timeout=0)  # no fetch starts from here on
+        stack.close()  # cancels the producer, joins the event-loop thread
+        # The loop's worker threads now exit once their call returns. Join them: a thread that ran
+        # a Lance take must end normally, not be frozen by interpreter shutdown, or the process
+        # aborts at exit.
+        for thread in self._prefetcher.fetch_threads():
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        if any(thread.is_alive() for thread in self._prefetcher.fetch_threads()):
+            _logger.warning(
+                "a fetch was still running %.1f s after close(); it was abandoned and finishes "
+                "in the background",
+                self._close_timeout_s,
+            )
 
     def __del__(self) -> None:
-        if getattr(self, "_stack", None) is not None:
+        # During interpreter shutdown the event-loop thread may already be frozen: joining it
+        # would hang. The atexit hook has closed every live iterator before that point.
+        if getattr(self, "_stack", None) is not None and not sys.is_finalizing():
             self.close()
+
+
+_live: weakref.WeakSet[BlockingPrefetcher[Any]] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_prefetchers() -> None:
+    """At exit, close every live iterator while its threads can still run (see CLOSE_TIMEOUT_S)."""
+    for prefetcher in list(_live):
+        prefetcher.close()

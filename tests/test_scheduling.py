@@ -113,16 +113,30 @@ def test_a_broken_plan_raises_instead_of_ending_quietly():
         next(iterator)
 
 
-def test_close_does_not_wait_for_a_stuck_fetch():
-    """A fetch stuck for 3 s is abandoned: close returns at once and the loop thread is gone."""
+def test_close_waits_for_running_fetches_and_their_threads():
+    """After close() no fetch is running and every thread that ran one has exited."""
+    fetch = FakeFetch(delays={i: 0.2 for i in range(10)})
+    iterator = BlockingPrefetcher(range(10), fetch, readahead=4, max_in_flight=3)
+    assert next(iterator) == 0
+    iterator.close()
+    assert fetch.running == 0
+    assert not any(t.is_alive() for t in iterator._prefetcher.fetch_threads())
+    assert iterator.closed and not loop_threads()
+
+
+def test_close_waits_a_bounded_time_for_a_stuck_fetch(caplog):
+    """A fetch stuck for 3 s is abandoned after close_timeout_s, with a warning."""
     fetch = FakeFetch(delays={1: 3.0})
-    iterator = BlockingPrefetcher(range(10), fetch, readahead=4, max_in_flight=2)
+    iterator = BlockingPrefetcher(
+        range(10), fetch, readahead=4, max_in_flight=2, close_timeout_s=0.3
+    )
     assert next(iterator) == 0
     time.sleep(0.05)  # let item 1 start
     before = time.monotonic()
     iterator.close()
-    assert time.monotonic() - before < 1.0
+    assert 0.25 < time.monotonic() - before < 1.5
     assert iterator.closed and not loop_threads()
+    assert "a fetch was still running 0.3 s after close()" in caplog.text
     iterator.close()  # idempotent
 
 
