@@ -110,7 +110,8 @@ def train(
         list[EpochReport]: one per epoch, also passed to ``report`` as each epoch ends.
 
     Raises:
-        ValueError: fewer than two ``columns``, or the label column is not integers.
+        ValueError: fewer than two ``columns``, a column that is not numeric, or a label column
+            that is not integers ``>= 0``.
     """
     if len(columns) < 2:
         raise ValueError(f"columns should be feature columns then the label, but got {columns}")
@@ -127,10 +128,22 @@ def train(
             rank=0, world_size=1,
         )  # fmt: skip
     first = next(iter(loader))
-    if first[label_column].is_floating_point():
-        raise ValueError(f"the label column {label_column!r} should hold integers")
+    for name in columns:
+        if not isinstance(first[name], torch.Tensor):
+            raise ValueError(
+                f"column {name!r} is not numeric (it arrives as a list, not a tensor); the demo "
+                f"needs numeric feature columns and an integer label column"
+            )
+    if first[label_column].is_floating_point() or first[label_column].ndim != 1:
+        raise ValueError(f"the label column {label_column!r} should hold integers, one per row")
     num_features = _features(first, feature_columns).shape[1]
-    num_classes = int(_max_label(loader, label_column)) + 1
+    lowest, highest = _label_range(loader, label_column)
+    if lowest < 0:
+        raise ValueError(
+            f"the label column {label_column!r} holds {lowest}; labels should be class numbers "
+            f"0 .. classes-1"
+        )
+    num_classes = highest + 1
     model = nn.Sequential(
         nn.BatchNorm1d(num_features),
         nn.Linear(num_features, 128),
@@ -169,12 +182,14 @@ def train(
     return reports
 
 
-def _max_label(loader: PrefetchLoader, label_column: str) -> int:
+def _label_range(loader: PrefetchLoader, label_column: str) -> tuple[int, int]:
+    """The smallest and largest label of the pinned version (one scan of the label column)."""
     import lance
 
     dataset = lance.dataset(loader.uri, version=loader.version)
     labels = dataset.to_table(columns=[label_column]).column(label_column)
-    return int(pc.max(labels).as_py())
+    extremes = pc.min_max(labels)
+    return int(extremes["min"].as_py()), int(extremes["max"].as_py())
 
 
 @torch.no_grad()

@@ -73,3 +73,18 @@ def test_cli_rejects_bad_numbers(capsys):
         cli.main(["demo", "--batch-size", "0"])
     assert info.value.code == 2
     assert "should be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_demo_refuses_unusable_columns(tmp_path):
+    import lance
+    import pyarrow as pa
+
+    uri = str(tmp_path / "odd.lance")
+    table = pa.table({"x": [1.0, 2.0, 3.0, 4.0], "neg": [0, -1, 1, 0], "name": list("abcd")})
+    lance.write_dataset(table, uri)
+    with pytest.raises(ValueError, match=r"^the label column 'neg' holds -1; labels should be"):
+        demo.train(uri, columns=["x", "neg"], batch_size=2, epochs=1)
+    with pytest.raises(ValueError, match=r"^column 'name' is not numeric"):
+        demo.train(uri, columns=["name", "neg"], batch_size=2, epochs=1)
+    with pytest.raises(ValueError, match=r"^the label column 'x' should hold integers"):
+        demo.train(uri, columns=["neg", "x"], batch_size=2, epochs=1)
