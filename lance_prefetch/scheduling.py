@@ -22,6 +22,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import queue
 import sys
 import threading
@@ -325,6 +326,7 @@ class BlockingPrefetcher(Iterator[R]):
             items, fetch, readahead=readahead, max_in_flight=max_in_flight
         )
         self._close_timeout_s = close_timeout_s
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         with contextlib.ExitStack() as stack:
             portal = stack.enter_context(
@@ -371,6 +373,11 @@ class BlockingPrefetcher(Iterator[R]):
         if stack is None:
             return
         _live.discard(self)
+        if os.getpid() != self._pid:
+            # A forked copy: its threads stayed in the parent. Unwinding the portal's context
+            # manager here would wait for a loop that does not exist, so keep it, never unwound.
+            _forked_leftovers.append(stack)
+            return
         deadline = time.monotonic() + self._close_timeout_s
         self._prefetcher.stop_fetching(timeout=0)  # no fetch starts from here on
         stack.close()  # cancels the producer, joins the event-loop thread
@@ -394,6 +401,7 @@ class BlockingPrefetcher(Iterator[R]):
 
 
 _live: weakref.WeakSet[BlockingPrefetcher[Any]] = weakref.WeakSet()
+_forked_leftovers: list[contextlib.ExitStack] = []
 
 
 @atexit.register

@@ -193,3 +193,31 @@ async def test_prefetcher_runs_inside_the_callers_task_group():
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # lance is imported by other tests
+def test_a_forked_child_drops_its_inherited_copy_without_hanging():
+    """A child forked while an iterator is live can drop (and close) its copy at once."""
+    import os
+
+    iterator = BlockingPrefetcher(range(100), FakeFetch(), readahead=2, max_in_flight=1)
+    next(iterator)
+    pid = os.fork()
+    if pid == 0:  # child: the event-loop thread does not exist here
+        try:
+            iterator.close()
+            os._exit(0 if iterator.closed else 3)
+        except BaseException:
+            os._exit(4)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the forked child hung closing its copy")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert next(iterator) == 10  # the parent's iterator is untouched
+    iterator.close()
