@@ -35,11 +35,35 @@ class BatchLoadError(RuntimeError):
         position (int): the batch's global position in that epoch (see :mod:`lance_prefetch.sampling`).
         num_rows (int): rows in the batch.
         uri (str): the dataset's URI.
+        (Each is ``None`` when the error was re-raised by a DataLoader worker, whose message then
+        holds them and the worker's traceback.)
     """
 
-    def __init__(self, message: str, *, epoch: int, position: int, num_rows: int, uri: str):
+    def __init__(
+        self,
+        message: str,
+        *,
+        epoch: int | None = None,
+        position: int | None = None,
+        num_rows: int | None = None,
+        uri: str | None = None,
+    ) -> None:
+        # The keywords are optional so that DataLoader workers can re-raise it from its message
+        # alone (torch's ExceptionWrapper calls ``type(exc)(message)``).
         super().__init__(message)
         self.epoch, self.position, self.num_rows, self.uri = epoch, position, num_rows, uri
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            functools.partial(
+                BatchLoadError,
+                epoch=self.epoch,
+                position=self.position,
+                num_rows=self.num_rows,
+                uri=self.uri,
+            ),
+            self.args,
+        )
 
 
 class PrefetchLoader(IterableDataset):
@@ -212,10 +236,15 @@ class PrefetchLoader(IterableDataset):
         Starts an event-loop thread in the calling process; it stops when the iterator is
         exhausted, fails, is closed (:meth:`close`), or is garbage collected (e.g. after ``break``).
 
+        Raises:
+            RuntimeError: this process was forked from the one that built the loader (Lance is
+                not fork-safe; use ``multiprocessing_context="spawn"``).
+
         Raises (from ``next()``):
             BatchLoadError: reading, converting or transforming a batch failed; the iterator is
                 then closed.
         """
+        self._source.check_process()  # fail at once, not in a thread, in a forked worker
         worker = get_worker_info()
         plan = self.epoch_plan()
         batches = plan.rank_batches(
@@ -292,7 +321,12 @@ def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        elif "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+            if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+                raise ValueError(
+                    "only one of the RANK and WORLD_SIZE environment variables is set; set both "
+                    "(torchrun does), or pass rank= and world_size= explicitly"
+                )
             rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
         else:
             rank, world_size = 0, 1

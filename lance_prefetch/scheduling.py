@@ -164,7 +164,7 @@ class Prefetcher(Generic[T, R]):
         self._idle = threading.Condition()
         self._running = 0
         self._closing = False
-        self._threads: set[threading.Thread] = set()  # every thread that ran a fetch
+        self._threads: set[threading.Thread] = set()  # the loop's thread, those that ran a fetch
         self._loop: asyncio.AbstractEventLoop | None = None
         self._limiter: anyio.CapacityLimiter | None = None
 
@@ -182,6 +182,8 @@ class Prefetcher(Generic[T, R]):
             :class:`PrefetcherClosed`, and the stream ends.
         """
         self._loop = asyncio.get_running_loop()
+        with self._idle:
+            self._threads.add(threading.current_thread())  # the event-loop thread
         self._tokens = anyio.Semaphore(self._readahead)
         self._limiter = anyio.CapacityLimiter(self._max_in_flight)
         try:
@@ -205,8 +207,9 @@ class Prefetcher(Generic[T, R]):
                     self._started += 1
                     self._ready.put(slot)
                     task_group.start_soon(self._fill, item, slot)
-        except Exception as exc:
-            self._crash = exc
+        except BaseException as exc:
+            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+                self._crash = exc  # get() raises it instead of ending quietly
             raise
         finally:
             self._ready.put(_END)
@@ -228,7 +231,7 @@ class Prefetcher(Generic[T, R]):
             self._threads.add(threading.current_thread())
         try:
             value = self._fetch(item)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit or KeyboardInterrupt too: re-raised by get()
             self._failed = True
             slot.finish(error=exc)
         else:
@@ -249,7 +252,7 @@ class Prefetcher(Generic[T, R]):
             return self._idle.wait_for(lambda: self._running == 0, timeout)
 
     def fetch_threads(self) -> list[threading.Thread]:
-        """The worker threads that have run a fetch (alive or not)."""
+        """The event-loop thread and the worker threads that have run a fetch (alive or not)."""
         with self._idle:
             return list(self._threads)
 
@@ -276,6 +279,8 @@ class Prefetcher(Generic[T, R]):
         self._received += 1
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody needs the token
             self._loop.call_soon_threadsafe(self._tokens.release)  # type: ignore[union-attr]
+        if isinstance(slot.error, PrefetcherClosed) and self._crash is not None:
+            raise RuntimeError("the prefetch producer crashed") from self._crash
         if slot.error is not None:
             raise slot.error
         return slot.value  # type: ignore[no-any-return]
@@ -343,6 +348,11 @@ class BlockingPrefetcher(Iterator[R]):
     def __next__(self) -> R:
         if self._stack is None:
             raise StopIteration
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"this iterator was started in process {self._pid} and copied into process "
+                f"{os.getpid()} by fork; its threads stayed behind. Start a new iterator here"
+            )
         try:
             return self._prefetcher.get()
         except StopIteration:
@@ -384,9 +394,12 @@ class BlockingPrefetcher(Iterator[R]):
         # The loop's worker threads now exit once their call returns. Join them: a thread that ran
         # a Lance take must end normally, not be frozen by interpreter shutdown, or the process
         # aborts at exit.
-        for thread in self._prefetcher.fetch_threads():
+        others = [
+            t for t in self._prefetcher.fetch_threads() if t is not threading.current_thread()
+        ]
+        for thread in others:
             thread.join(max(deadline - time.monotonic(), 0.0))
-        if any(thread.is_alive() for thread in self._prefetcher.fetch_threads()):
+        if any(thread.is_alive() for thread in others):
             _logger.warning(
                 "a fetch was still running %.1f s after close(); it was abandoned and finishes "
                 "in the background",
@@ -396,7 +409,13 @@ class BlockingPrefetcher(Iterator[R]):
     def __del__(self) -> None:
         # During interpreter shutdown the event-loop thread may already be frozen: joining it
         # would hang. The atexit hook has closed every live iterator before that point.
-        if getattr(self, "_stack", None) is not None and not sys.is_finalizing():
+        if getattr(self, "_stack", None) is None or sys.is_finalizing():
+            return
+        if threading.current_thread() in self._prefetcher.fetch_threads():
+            # Collected (as part of a reference cycle) on one of our own threads, which cannot
+            # stop or join itself: close from a helper thread instead.
+            threading.Thread(target=self.close, name=f"{THREAD_NAME}-close", daemon=True).start()
+        else:
             self.close()
 
 

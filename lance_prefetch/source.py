@@ -3,7 +3,8 @@
 This is the only module that imports ``lance``. A :class:`LanceSource` opens the dataset once at
 construction (to pin the version, count the live rows and check the columns), pickles small (URI,
 version, columns, storage options; never the open dataset) and reopens the pinned version lazily,
-once per process, when it is first used there: in a spawned DataLoader worker, or in a forked child.
+once per process, when it is first used there (a spawned DataLoader worker). A copy inherited through
+``fork`` refuses to read (Lance is not fork-safe) with an error that names the fix.
 """
 
 from __future__ import annotations
@@ -11,23 +12,28 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
 
+from ._validate import check_int
+
 __all__ = ["LanceSource", "redact"]
 
-_SECRET_KEY = re.compile(r"secret|password|token|credential|session|(^|_)key($|_)", re.IGNORECASE)
+_SECRET_KEY = re.compile(
+    r"key|secret|passw|token|credential|session|auth|private|signature|sas", re.IGNORECASE
+)
 
 
 def redact(storage_options: Mapping[str, str] | None) -> dict[str, str] | None:
     """A copy of ``storage_options`` safe to print: values of secret-looking keys become ``'***'``.
 
-    Keys matching ``secret``, ``password``, ``token``, ``credential``, ``session`` or a ``key``
-    word (``aws_access_key_id``, ``account_key``) are masked; endpoints and regions are kept.
+    Keys containing ``key``, ``secret``, ``passw``, ``token``, ``credential``, ``session``,
+    ``auth``, ``private``, ``signature`` or ``sas`` (any case: ``aws_access_key_id``,
+    ``awsAccessKeyId``, ``apikey``, ``authorization``) are masked; endpoints and regions are kept.
     """
     if storage_options is None:
         return None
@@ -70,6 +76,7 @@ class LanceSource:
     ) -> None:
         self._storage_options = _check_storage_options(storage_options)
         columns = _check_columns(columns)
+        version = _check_version(version)
         if isinstance(source, lance.LanceDataset):
             dataset = source
             self.uri = source.uri
@@ -146,24 +153,42 @@ class LanceSource:
         self._lock = threading.Lock()
         self._dataset = None
 
+    def check_process(self) -> None:
+        """Refuse to be used in a process that got this object by ``fork`` (not by pickling).
+
+        Lance is not fork-safe: a forked child that reads through the parent's open dataset (or
+        opens another while the parent's runtime threads are copied half-way) crashes or hangs.
+
+        Raises:
+            RuntimeError: this object was opened in another process and inherited through fork.
+        """
+        if self._dataset is not None and self._pid != os.getpid():
+            raise RuntimeError(
+                f"the Lance dataset {self.uri!r} was opened in process {self._pid} and this "
+                f"process ({os.getpid()}) was forked from it; Lance is not fork-safe. Use "
+                f"DataLoader(..., multiprocessing_context='spawn') (or 'forkserver')"
+            )
+
     def _opened(self) -> lance.LanceDataset:
-        """The pinned dataset, opened once in this process (reopened after a fork)."""
-        dataset, pid = self._dataset, os.getpid()
-        if dataset is not None and self._pid == pid:
+        """The pinned dataset, opened once in this process (lazily after unpickling)."""
+        dataset = self._dataset
+        if dataset is not None and self._pid == os.getpid():
             return dataset
+        self.check_process()
         with self._lock:
-            if self._dataset is None or self._pid != pid:
+            if self._dataset is None:
                 self._dataset = lance.dataset(
                     self.uri, version=self.version, storage_options=self._storage_options
                 )
-                self._pid = pid
+                self._pid = os.getpid()
             return self._dataset
 
     def _open_latest(self) -> lance.LanceDataset:
         try:
             return lance.dataset(self.uri, storage_options=self._storage_options)
         except ValueError as exc:
-            if "not found" not in str(exc).lower():
+            message = str(exc).lower()
+            if "not found" not in message and "not a directory" not in message:
                 raise
             raise FileNotFoundError(
                 f"source: no Lance dataset at {self.uri!r}; check the path (a Lance dataset is a "
@@ -171,11 +196,6 @@ class LanceSource:
             ) from exc
 
     def _checkout(self, dataset: lance.LanceDataset, version: int | str) -> lance.LanceDataset:
-        if not isinstance(version, (int, str)) or isinstance(version, bool):
-            raise TypeError(
-                f"version should be an int (version number) or a str (tag), but got "
-                f"version={version!r}"
-            )
         try:
             return dataset.checkout_version(version)
         except (ValueError, OSError, KeyError) as exc:
@@ -185,12 +205,27 @@ class LanceSource:
             ) from exc
 
 
-def _check_columns(columns: Sequence[str] | None) -> tuple[str, ...] | None:
+def _check_version(version: int | str | None) -> int | str | None:
+    if version is None or isinstance(version, str):
+        return version
+    try:
+        return check_int("version", version, minimum=1)
+    except TypeError:
+        raise TypeError(
+            f"version should be an int (version number) or a str (tag), but got version={version!r}"
+        ) from None
+
+
+def _check_columns(columns: Iterable[str] | None) -> tuple[str, ...] | None:
     if columns is None:
         return None
-    if isinstance(columns, str) or not all(isinstance(name, str) for name in columns):
+    try:
+        names = None if isinstance(columns, (str, bytes)) else tuple(columns)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(name, str) for name in names):
         raise TypeError(f"columns should be a list of column names, but got columns={columns!r}")
-    columns = tuple(columns)
+    columns = names
     if not columns:
         raise ValueError("columns should name at least one column, or be None for all columns")
     if len(set(columns)) != len(columns):

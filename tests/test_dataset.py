@@ -307,3 +307,84 @@ def test_open_lance_dataset_as_source(ids_1003):
     assert loader.uri == dataset.uri and loader.version == dataset.version
     delivered = np.concatenate(collect(loader))
     assert np.array_equal(delivered, loader.epoch_plan().permutation[:1000])
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")
+def test_forked_dataloader_workers_fail_at_once_naming_spawn(ids_1003):
+    """The Linux default start method (fork) gives a clear error, never a crash or a hang."""
+    from torch.utils.data import DataLoader
+
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    collect(loader)  # the parent has read (and opened Lance) before forking
+    data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"multiprocessing_context='spawn'"):
+        list(data)
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.slow
+def test_batch_load_error_crosses_dataloader_workers(ids_1003, tmp_path):
+    """A failure in a spawn worker is re-raised in the main process as a BatchLoadError."""
+    from torch.utils.data import DataLoader
+
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], transform=failing_transform)
+    data = DataLoader(loader, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(BatchLoadError, match=r"batch 0 of epoch 0 \(10 rows\)"):
+        list(data)
+
+
+def failing_transform(batch):
+    raise ValueError("bad pixels")
+
+
+def test_batch_load_error_pickles_with_its_context():
+    error = BatchLoadError("batch 3 failed", epoch=1, position=3, num_rows=10, uri="x.lance")
+    clone = pickle.loads(pickle.dumps(error))
+    assert (clone.args, clone.epoch, clone.position, clone.num_rows, clone.uri) == (
+        ("batch 3 failed",),
+        1,
+        3,
+        10,
+        "x.lance",
+    )
+    assert BatchLoadError("from a worker").position is None
+
+
+@pytest.mark.parametrize(
+    "version,error,message",
+    [
+        (1.0, TypeError, "version should be an int (version number) or a str (tag), but got version=1.0"),
+        (True, TypeError, "version should be an int (version number) or a str (tag), but got version=True"),
+        (0, ValueError, "version should be an integer >= 1, but got version=0"),
+        (-1, ValueError, "version should be an integer >= 1, but got version=-1"),
+    ],
+)  # fmt: skip
+def test_bad_version_types_are_refused_before_io(tmp_path, version, error, message):
+    with pytest.raises(error) as info:
+        PrefetchLoader(tmp_path / "missing.lance", 10, version=version)
+    assert str(info.value) == message
+
+
+def test_numpy_version_and_iterable_columns(ids_25):
+    loader = PrefetchLoader(ids_25, 5, version=np.int64(1), columns=(c for c in ["label", "id"]))
+    assert loader.version == 1 and loader.columns == ("label", "id")
+    with pytest.raises(
+        TypeError, match=r"^columns should be a list of column names, but got columns=5$"
+    ):
+        PrefetchLoader(ids_25, 5, columns=5)
+
+
+def test_a_file_is_not_a_dataset(tmp_path):
+    path = tmp_path / "table.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(FileNotFoundError, match=r"^source: no Lance dataset at"):
+        PrefetchLoader(path, 1)
+
+
+def test_rank_without_world_size_in_the_environment(ids_1003, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=r"^only one of the RANK and WORLD_SIZE environment"):
+        PrefetchLoader(ids_1003, 10)

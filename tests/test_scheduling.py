@@ -221,3 +221,50 @@ def test_a_forked_child_drops_its_inherited_copy_without_hanging():
     assert os.waitstatus_to_exitcode(status) == 0
     assert next(iterator) == 10  # the parent's iterator is untouched
     iterator.close()
+
+
+@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt()])
+def test_base_exceptions_in_fetch_surface_in_order(error):
+    """A SystemExit or KeyboardInterrupt raised by a fetch is raised by next(), after the items
+    before it; it never ends the stream quietly."""
+
+    def fetch(item):
+        if item == 10:
+            raise error
+        return item
+
+    iterator = BlockingPrefetcher(range(100), fetch, readahead=4, max_in_flight=2)
+    received = []
+    with pytest.raises(type(error)):
+        for item in iterator:
+            received.append(item)
+    assert received == list(range(10))
+    assert wait_until(lambda: not loop_threads())
+
+
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # lance is imported by other tests
+def test_a_forked_child_cannot_use_an_inherited_iterator():
+    import os
+
+    iterator = BlockingPrefetcher(range(100), FakeFetch(), readahead=2, max_in_flight=1)
+    next(iterator)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            next(iterator)
+            os._exit(3)
+        except RuntimeError as exc:
+            os._exit(0 if "copied into process" in str(exc) else 4)
+        except BaseException:
+            os._exit(5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the forked child hung in next()")
+    assert os.waitstatus_to_exitcode(status) == 0
+    iterator.close()

@@ -118,3 +118,9 @@ def test_repr_and_redact_hide_secrets(ids_25):
     assert "http://127.0.0.1:9000" in text
     assert redact(options) == {"aws_access_key_id": "***", "aws_secret_access_key": "***",
                                "aws_session_token": "***", "aws_endpoint": "http://127.0.0.1:9000"}  # fmt: skip
+
+
+def test_redact_masks_every_secret_looking_spelling():
+    options = {"apikey": "a", "privateKey": "b", "awsAccessKeyId": "c", "authorization": "d",
+               "azure_storage_sas_token": "e", "region": "us-east-1"}  # fmt: skip
+    assert redact(options) == {k: "***" for k in options if k != "region"} | {"region": "us-east-1"}
