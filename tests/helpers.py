@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -46,3 +48,16 @@ def wait_until(condition, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return condition()
+
+
+def child_exit_code(pid: int, timeout: float = 10.0) -> int | None:
+    """Wait for forked child ``pid``; its exit code, or ``None`` (after killing it) on a hang."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None

@@ -9,7 +9,7 @@ import time
 import anyio
 import anyio.to_thread
 import pytest
-from helpers import loop_threads, wait_until
+from helpers import child_exit_code, loop_threads, wait_until
 
 from lance_prefetch.scheduling import BlockingPrefetcher, Prefetcher
 
@@ -209,16 +209,7 @@ def test_a_forked_child_drops_its_inherited_copy_without_hanging():
             os._exit(0 if iterator.closed else 3)
         except BaseException:
             os._exit(4)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.02)
-    else:
-        os.kill(pid, 9)
-        pytest.fail("the forked child hung closing its copy")
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_exit_code(pid) == 0, "the forked child hung or failed closing its copy"
     assert next(iterator) == 10  # the parent's iterator is untouched
     iterator.close()
 
@@ -257,14 +248,5 @@ def test_a_forked_child_cannot_use_an_inherited_iterator():
             os._exit(0 if "copied into process" in str(exc) else 4)
         except BaseException:
             os._exit(5)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.02)
-    else:
-        os.kill(pid, 9)
-        pytest.fail("the forked child hung in next()")
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_exit_code(pid) == 0, "the forked child hung in next() or got another error"
     iterator.close()
