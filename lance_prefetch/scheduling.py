@@ -160,11 +160,11 @@ class Prefetcher(Generic[T, R]):
         self._received = 0  # written by the consumer only
         self._failed = False
         self._crash: BaseException | None = None
-        # Invariant: _running counts threads inside fetch; none starts once _closing is set.
-        self._idle = threading.Condition()
-        self._running = 0
+        # No fetch starts once _closing is set; _threads holds the loop's thread and every
+        # thread that ran a fetch (close() joins them). Both are guarded by _lock.
+        self._lock = threading.Lock()
         self._closing = False
-        self._threads: set[threading.Thread] = set()  # the loop's thread, those that ran a fetch
+        self._threads: set[threading.Thread] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._limiter: anyio.CapacityLimiter | None = None
 
@@ -182,7 +182,7 @@ class Prefetcher(Generic[T, R]):
             :class:`PrefetcherClosed`, and the stream ends.
         """
         self._loop = asyncio.get_running_loop()
-        with self._idle:
+        with self._lock:
             self._threads.add(threading.current_thread())  # the event-loop thread
         self._tokens = anyio.Semaphore(self._readahead)
         self._limiter = anyio.CapacityLimiter(self._max_in_flight)
@@ -224,10 +224,9 @@ class Prefetcher(Generic[T, R]):
 
     def _fetch_into(self, item: T, slot: _Slot) -> None:
         """Runs in a worker thread; hands the result straight to the consumer."""
-        with self._idle:
+        with self._lock:
             if self._closing:
                 return  # _fill's finally marks the slot closed
-            self._running += 1
             self._threads.add(threading.current_thread())
         try:
             value = self._fetch(item)
@@ -236,24 +235,15 @@ class Prefetcher(Generic[T, R]):
             slot.finish(error=exc)
         else:
             slot.finish(value=value)
-        finally:
-            with self._idle:
-                self._running -= 1
-                self._idle.notify_all()
 
-    def stop_fetching(self, timeout: float | None) -> bool:
-        """Start no new fetch, and wait up to ``timeout`` seconds for running ones to return.
-
-        Returns:
-            bool: ``True`` if no fetch is running any more, ``False`` if the wait timed out.
-        """
-        with self._idle:
+    def stop_fetching(self) -> None:
+        """Start no new fetch from now on (fetches already running carry on)."""
+        with self._lock:
             self._closing = True
-            return self._idle.wait_for(lambda: self._running == 0, timeout)
 
-    def fetch_threads(self) -> list[threading.Thread]:
+    def threads(self) -> list[threading.Thread]:
         """The event-loop thread and the worker threads that have run a fetch (alive or not)."""
-        with self._idle:
+        with self._lock:
             return list(self._threads)
 
     def get(self) -> R:
@@ -303,8 +293,8 @@ class BlockingPrefetcher(Iterator[R]):
 
     Args:
         items, fetch, readahead, max_in_flight: as for :class:`Prefetcher`.
-        close_timeout_s (float, optional): how long :meth:`close` waits for fetches already
-            running in threads. Default: :data:`CLOSE_TIMEOUT_S` (5 s).
+        close_timeout_s (float, optional): how long :meth:`close` waits for the threads that ran
+            fetches to return and exit, in seconds. Default: :data:`CLOSE_TIMEOUT_S` (5 s).
 
     Errors:
         ``next()`` re-raises what ``fetch`` raised and closes the iterator. ``KeyboardInterrupt``
@@ -389,14 +379,12 @@ class BlockingPrefetcher(Iterator[R]):
             _forked_leftovers.append(stack)
             return
         deadline = time.monotonic() + self._close_timeout_s
-        self._prefetcher.stop_fetching(timeout=0)  # no fetch starts from here on
+        self._prefetcher.stop_fetching()
         stack.close()  # cancels the producer, joins the event-loop thread
         # The loop's worker threads now exit once their call returns. Join them: a thread that ran
         # a Lance take must end normally, not be frozen by interpreter shutdown, or the process
         # aborts at exit.
-        others = [
-            t for t in self._prefetcher.fetch_threads() if t is not threading.current_thread()
-        ]
+        others = [t for t in self._prefetcher.threads() if t is not threading.current_thread()]
         for thread in others:
             thread.join(max(deadline - time.monotonic(), 0.0))
         if any(thread.is_alive() for thread in others):
@@ -411,7 +399,7 @@ class BlockingPrefetcher(Iterator[R]):
         # would hang. The atexit hook has closed every live iterator before that point.
         if getattr(self, "_stack", None) is None or sys.is_finalizing():
             return
-        if threading.current_thread() in self._prefetcher.fetch_threads():
+        if threading.current_thread() in self._prefetcher.threads():
             # Collected (as part of a reference cycle) on one of our own threads, which cannot
             # stop or join itself: close from a helper thread instead.
             threading.Thread(target=self.close, name=f"{THREAD_NAME}-close", daemon=True).start()

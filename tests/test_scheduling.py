@@ -120,7 +120,7 @@ def test_close_waits_for_running_fetches_and_their_threads():
     assert next(iterator) == 0
     iterator.close()
     assert fetch.running == 0
-    assert not any(t.is_alive() for t in iterator._prefetcher.fetch_threads())
+    assert not any(t.is_alive() for t in iterator._prefetcher.threads())
     assert iterator.closed and not loop_threads()
 
 
