@@ -38,6 +38,16 @@ DataLoader workers
 Within a rank, worker ``w`` of ``K`` takes the rank's batches ``w, w + K, w + 2K, ...``. The
 DataLoader collects from its workers round-robin, so the rank sees its batches in the same order for
 any ``num_workers``.
+
+Resuming mid-epoch
+------------------
+A *position* counts the global batches of an epoch already consumed (over all ranks). A plan with
+``start=P`` lays out only the rows after them, ``permutation[P * batch_size:]``, by rules 2-4 with
+its own ``world_size``, numbering its global batches ``P, P + 1, ...``. With the same ``world_size``
+(``P`` is then a multiple of it) these are exactly the batches the uninterrupted epoch has from ``P``
+on; with another ``world_size`` (an elastic resume) the remaining rows are re-split over the new ranks,
+so across the old and new ranks every row is still delivered once (``drop_last=True``: but for a tail
+shorter than one round of the new ranks, which is dropped).
 """
 
 from __future__ import annotations
@@ -113,10 +123,12 @@ class EpochPlan:
         world_size (int, optional): number of ranks, ``>= 1``. Default: ``1``.
         drop_last (bool, optional): drop the permutation's tail so every batch is full (``True``), or
             pad by wrapping around so every row is delivered (``False``). Default: ``True``.
+        start (int, optional): global batches of this epoch already consumed, ``>= 0``; the plan
+            covers the rest (see "Resuming mid-epoch" above). Default: ``0``, the whole epoch.
 
     Raises:
         TypeError: an argument has the wrong type (bools are not integers here).
-        ValueError: a value is out of range, or ``drop_last=True`` and
+        ValueError: a value is out of range, or ``drop_last=True``, ``start=0`` and
             ``num_rows < batch_size * world_size`` (no rank could get a single full batch).
     """
 
@@ -126,6 +138,7 @@ class EpochPlan:
     epoch: int = 0
     world_size: int = 1
     drop_last: bool = True
+    start: int = 0
 
     def __post_init__(self) -> None:
         check_int("num_rows", self.num_rows, minimum=1)
@@ -134,7 +147,8 @@ class EpochPlan:
         check_int("epoch", self.epoch, minimum=0)
         check_int("world_size", self.world_size, minimum=1)
         check_bool("drop_last", self.drop_last)
-        if self.drop_last and self.num_rows < self.batch_size * self.world_size:
+        check_int("start", self.start, minimum=0)
+        if self.drop_last and self.start == 0 and self.num_rows < self.rows_per_round:
             raise ValueError(
                 f"drop_last=True needs at least batch_size * world_size = "
                 f"{self.batch_size} * {self.world_size} = {self.batch_size * self.world_size} rows, "
@@ -147,40 +161,55 @@ class EpochPlan:
         return self.batch_size * self.world_size
 
     @property
+    def num_remaining(self) -> int:
+        """Rows of the permutation this plan lays out: those after the first ``start`` batches."""
+        return max(self.num_rows - self.start * self.batch_size, 0)
+
+    @property
     def batches_per_rank(self) -> int:
-        """Batches every rank yields this epoch (what ``len(loader)`` reports)."""
+        """Batches every rank yields (for ``start=0``, what ``len(loader)`` reports)."""
         if self.drop_last:
-            return self.num_rows // self.rows_per_round
-        return -(-self.num_rows // self.rows_per_round)
+            return self.num_remaining // self.rows_per_round
+        return -(-self.num_remaining // self.rows_per_round)
 
     @property
     def num_batches(self) -> int:
-        """Global batches this epoch, over all ranks: ``batches_per_rank * world_size``."""
+        """Global batches in this plan, over all ranks: ``batches_per_rank * world_size``."""
         return self.batches_per_rank * self.world_size
 
     @property
+    def end(self) -> int:
+        """The position after this plan's last batch: ``start + num_batches``."""
+        return self.start + self.num_batches
+
+    @property
     def last_batch_size(self) -> int:
-        """Rows in each rank's last batch: ``batch_size``, or less with ``drop_last=False``."""
+        """Rows in each rank's last batch: ``batch_size``, or less with ``drop_last=False``
+        (``0`` when the plan has no batches)."""
+        if self.batches_per_rank == 0:
+            return 0
         if self.drop_last:
             return self.batch_size
-        remaining = self.num_rows - (self.batches_per_rank - 1) * self.rows_per_round
+        remaining = self.num_remaining - (self.batches_per_rank - 1) * self.rows_per_round
         return -(-remaining // self.world_size)
 
     @property
     def num_delivered(self) -> int:
-        """Rows delivered this epoch over all ranks, padding included."""
+        """Rows this plan delivers over all ranks, padding included."""
+        if self.batches_per_rank == 0:
+            return 0
         full_rounds = self.batches_per_rank - 1
         return full_rounds * self.rows_per_round + self.world_size * self.last_batch_size
 
     @property
     def num_dropped(self) -> int:
-        """Rows of the permutation's tail left out this epoch (``drop_last=True``), else ``0``."""
-        return max(self.num_rows - self.num_delivered, 0)
+        """Rows of the permutation's tail left out (``drop_last=True``), else ``0``."""
+        return max(self.num_remaining - self.num_delivered, 0)
 
     @property
     def num_padded(self) -> int:
-        """Rows delivered twice this epoch by wrapping around (``drop_last=False``), else ``0``."""
-        return max(self.num_delivered - self.num_rows, 0)
+        """Rows delivered twice by wrapping around (``drop_last=False``), else ``0``."""
+        return max(self.num_delivered - self.num_remaining, 0)
 
     @functools.cached_property
     def permutation(self) -> np.ndarray:
@@ -188,17 +217,18 @@ class EpochPlan:
         return epoch_permutation(self.num_rows, self.seed, self.epoch)
 
     def batch(self, position: int) -> PlannedBatch:
-        """Global batch ``position`` (``0 .. num_batches-1``).
+        """Global batch ``position`` (``start .. end-1``).
 
         Raises:
-            IndexError: ``position`` is outside ``[0, num_batches)``.
+            IndexError: ``position`` is outside ``[start, end)``.
         """
         position = check_int("position", position)
-        if not 0 <= position < self.num_batches:
+        if not self.start <= position < self.end:
             raise IndexError(
-                f"position={position} is outside the epoch's {self.num_batches} global batches"
+                f"position={position} is outside the plan's global batches "
+                f"[{self.start}, {self.end})"
             )
-        last_round_start = (self.batches_per_rank - 1) * self.world_size
+        last_round_start = self.start + (self.batches_per_rank - 1) * self.world_size
         if position < last_round_start:
             start, size = position * self.batch_size, self.batch_size
         else:
@@ -213,12 +243,17 @@ class EpochPlan:
         return PlannedBatch(position, indices)
 
     def rank_batches(
-        self, rank: int, *, worker_id: int = 0, num_workers: int = 1
+        self, rank: int, *, worker_id: int = 0, num_workers: int = 1, skip: int = 0
     ) -> Iterator[PlannedBatch]:
         """The batches that worker ``worker_id`` of ``num_workers`` produces for rank ``rank``.
 
-        The rank's ``j``-th batch is global batch ``j * world_size + rank``; the worker takes the
-        rank's batches ``worker_id, worker_id + num_workers, ...``, in that order.
+        The rank's ``j``-th batch is global batch ``start + j * world_size + rank``; the worker takes
+        the rank's batches ``j = worker_id, worker_id + num_workers, ...`` with ``j >= skip``, in
+        that order.
+
+        Args:
+            skip (int, optional): the rank's first ``skip`` batches were already delivered (a
+                DataLoader worker resuming its own share). Default: ``0``.
 
         Raises:
             ValueError: ``rank`` is outside ``[0, world_size)`` or ``worker_id`` outside
@@ -227,6 +262,7 @@ class EpochPlan:
         rank = check_int("rank", rank, minimum=0)
         num_workers = check_int("num_workers", num_workers, minimum=1)
         worker_id = check_int("worker_id", worker_id, minimum=0)
+        skip = check_int("skip", skip, minimum=0)
         if rank >= self.world_size:
             raise ValueError(
                 f"Invalid rank {rank}, rank should be in the interval [0, {self.world_size - 1}]"
@@ -235,5 +271,6 @@ class EpochPlan:
             raise ValueError(
                 f"Invalid worker_id {worker_id}, it should be in the interval [0, {num_workers - 1}]"
             )
-        for local in range(worker_id, self.batches_per_rank, num_workers):
-            yield self.batch(local * self.world_size + rank)
+        first = worker_id + -(-max(skip - worker_id, 0) // num_workers) * num_workers
+        for local in range(first, self.batches_per_rank, num_workers):
+            yield self.batch(self.start + local * self.world_size + rank)

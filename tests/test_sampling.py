@@ -181,5 +181,83 @@ def test_bad_rank_and_position():
         ValueError, match=r"^Invalid rank 2, rank should be in the interval \[0, 1\]$"
     ):
         next(plan.rank_batches(2))
-    with pytest.raises(IndexError, match=r"^position=10 is outside the epoch's 10 global batches$"):
+    with pytest.raises(
+        IndexError, match=r"^position=10 is outside the plan's global batches \[0, 10\)$"
+    ):
         plan.batch(10)
+    with pytest.raises(
+        IndexError, match=r"^position=3 is outside the plan's global batches \[4, 10\)$"
+    ):
+        EpochPlan(num_rows=100, batch_size=10, world_size=2, start=4).batch(3)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_resume_with_the_same_world_size_continues_the_epoch(world_size, drop_last):
+    """A plan started at any round boundary yields exactly the uninterrupted epoch's later batches."""
+    full = EpochPlan(
+        num_rows=1003, batch_size=10, seed=4, epoch=2, world_size=world_size, drop_last=drop_last
+    )
+    for rounds_done in (0, 1, 17, full.batches_per_rank - 1, full.batches_per_rank):
+        start = rounds_done * world_size
+        resumed = EpochPlan(
+            num_rows=1003, batch_size=10, seed=4, epoch=2, world_size=world_size,
+            drop_last=drop_last, start=start,
+        )  # fmt: skip
+        assert resumed.end == full.end
+        for rank in range(world_size):
+            expected = [b.indices.tolist() for b in full.rank_batches(rank)][rounds_done:]
+            assert rank_rows(resumed, rank) == expected
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_elastic_resume_delivers_every_row_once(drop_last):
+    """2 ranks consume 34 global batches, then 3 ranks take the rest: no row twice, none lost
+    but the documented tail."""
+    before = EpochPlan(num_rows=1003, batch_size=10, seed=1, world_size=2, drop_last=drop_last)
+    done = []
+    for rank in range(2):
+        done += [b.indices.tolist() for b in before.rank_batches(rank)][:17]
+    after = EpochPlan(
+        num_rows=1003, batch_size=10, seed=1, world_size=3, drop_last=drop_last, start=34
+    )
+    assert after.num_remaining == 1003 - 340
+    rest = [rows for rank in range(3) for rows in rank_rows(after, rank)]
+    assert len({len(rank_rows(after, rank)) for rank in range(3)}) == 1  # equal steps per rank
+    delivered = [row for rows in done + rest for row in rows]
+    permutation = before.permutation.tolist()
+    if drop_last:
+        # 663 rows remain: 22 rounds of 30 rows, the last 3 rows of the permutation are dropped
+        assert after.batches_per_rank == 22 and after.num_dropped == 3
+        assert sorted(delivered) == sorted(permutation[:1000])
+    else:
+        # 663 rows: 22 full rounds and a last round of ceil(3 / 3) = 1 row per rank
+        assert after.batches_per_rank == 23 and after.last_batch_size == 1
+        assert after.num_padded == 0 and sorted(delivered) == list(range(1003))
+
+
+def test_a_plan_started_at_or_past_its_end_is_empty():
+    plan = EpochPlan(num_rows=11, batch_size=2, world_size=2, drop_last=False, start=6)
+    assert plan.num_remaining == 0 and plan.batches_per_rank == 0 and plan.end == 6
+    assert rank_rows(plan, 0) == [] and plan.num_delivered == 0 and plan.last_batch_size == 0
+    # drop_last=True: fewer rows left than one round is an empty plan, not an error
+    assert EpochPlan(num_rows=1003, batch_size=10, world_size=3, start=99).batches_per_rank == 0
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_skip_resumes_each_worker_at_its_own_next_batch(num_workers):
+    """Worker w of K resuming after the rank delivered ``skip`` batches takes the batches
+    j >= skip with j = w (mod K): together, in round-robin order, the rest of the rank's batches."""
+    plan = EpochPlan(num_rows=1003, batch_size=10, world_size=2)
+    positions = [b.position for b in plan.rank_batches(1)]
+    for skip in (0, 1, 5, 49, 50):
+        per_worker = [
+            [
+                b.position
+                for b in plan.rank_batches(1, worker_id=w, num_workers=num_workers, skip=skip)
+            ]
+            for w in range(num_workers)
+        ]
+        assert sorted(p for ps in per_worker for p in ps) == positions[skip:]
+        for w, ps in enumerate(per_worker):
+            assert all((p - 1) // 2 % num_workers == w and (p - 1) // 2 >= skip for p in ps)
