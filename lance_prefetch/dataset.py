@@ -20,9 +20,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ._validate import check_bool, check_int
 from .convert import check_schema, to_tensors
+from .epochs import Decision, EpochControl, Progress, iteration_ident
 from .sampling import EpochPlan, PlannedBatch
 from .scheduling import BlockingPrefetcher, check_depths
 from .source import LanceSource, redact
+from .state import check_state, make_state
 
 __all__ = ["BatchLoadError", "PrefetchLoader"]
 
@@ -161,7 +163,10 @@ class PrefetchLoader(IterableDataset):
         if transform is not None and not callable(transform):
             raise TypeError(f"transform should be callable or None, but got {transform!r}")
         self.transform = transform
-        self._epoch = 0
+        self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
+        self._iterations = 0  # iterations started by this copy (identifies a worker's iteration)
+        self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
+        self._progress: Progress | None = None  # the latest iteration in this process
         self._iterators: weakref.WeakSet[BlockingPrefetcher[Any]] = weakref.WeakSet()
 
         self._source = LanceSource(
@@ -199,35 +204,167 @@ class PrefetchLoader(IterableDataset):
     # -- epochs ----------------------------------------------------------------------------------
     @property
     def epoch(self) -> int:
-        """The epoch whose permutation the next iteration reads (set by :meth:`set_epoch`)."""
-        return self._epoch
+        """The epoch being read (or last read); once :meth:`set_epoch` or :meth:`load_state_dict`
+        selected one, the epoch the next iteration reads. Shared with DataLoader workers."""
+        return self._control.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose permutation the next ``iter(loader)`` reads.
 
         As with ``DistributedSampler.set_epoch``: call it before each epoch, with the same value on
-        every rank. A ``DataLoader`` without persistent workers copies the loader into its workers at
-        each ``iter()``, so the value set in the main process reaches them.
+        every rank. It reaches the loader's copies in DataLoader worker processes, persistent ones
+        included (they share its epoch state through shared memory). Without it, each new
+        iteration reads the epoch after the previous one (see :mod:`lance_prefetch.epochs`). After
+        :meth:`load_state_dict`, ``set_epoch`` with the state's epoch keeps its position; another
+        epoch starts from its beginning.
 
         Raises:
             TypeError, ValueError: ``epoch`` is not an integer ``>= 0``.
         """
-        self._epoch = check_int("epoch", epoch, minimum=0)
+        self._control.set_epoch(check_int("epoch", epoch, minimum=0))
 
-    def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
-        """The :class:`~lance_prefetch.sampling.EpochPlan` for ``epoch`` (default: :attr:`epoch`)."""
+    def epoch_plan(self, epoch: int | None = None, *, start: int = 0) -> EpochPlan:
+        """The :class:`~lance_prefetch.sampling.EpochPlan` for ``epoch`` (default: :attr:`epoch`),
+        from global position ``start`` (default: the epoch's beginning)."""
         return EpochPlan(
             num_rows=self.num_rows,
             batch_size=self.batch_size,
             seed=self.seed,
-            epoch=self._epoch if epoch is None else epoch,
+            epoch=self.epoch if epoch is None else epoch,
             world_size=self.world_size,
             drop_last=self.drop_last,
+            start=start,
         )
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank)."""
+        """Batches this rank yields in a whole epoch (the same on every rank). An iteration resumed
+        mid-epoch yields fewer."""
         return self.epoch_plan().batches_per_rank
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop is: a small, JSON-serializable dict to checkpoint.
+
+        It holds the dataset (URI, pinned version, rows), the sampling parameters (seed,
+        batch_size, drop_last, world_size), the epoch, and ``position``: the global batches of the
+        epoch (over all ranks) **delivered to the training loop** so far; batches read ahead but not
+        yet handed out do not count. Layout in :mod:`lance_prefetch.state`. After
+        :meth:`set_epoch` or :meth:`load_state_dict` it describes what the next iteration reads.
+
+        Every rank holds the same state (ranks step together), so saving rank 0's is enough.
+
+        With DataLoader worker processes, only the DataLoader sees which batches reached the loop:
+        use torchdata's ``StatefulDataLoader`` (it asks each worker for this method's result and
+        keeps the states of delivered batches), or save between epochs, after :meth:`set_epoch`.
+
+        Raises:
+            RuntimeError: the current iteration runs in DataLoader worker processes, so this process
+                cannot know the position (see above).
+        """
+        progress = self._progress
+        in_worker = get_worker_info() is not None
+        pending = None if in_worker else self._control.pending()
+        if pending is not None:
+            epoch, position, worker = pending.epoch, pending.start, None
+        elif progress is not None and (in_worker or self._control.decided_by(progress.ident)):
+            epoch, position = progress.decision.epoch, progress.position
+            worker = None
+            if in_worker:
+                worker = {
+                    "id": progress.worker_id,
+                    "num_workers": progress.num_workers,
+                    "start": progress.decision.start,
+                }
+        else:
+            raise RuntimeError(
+                "this loader's batches are being delivered by DataLoader worker processes, so "
+                "this process cannot tell how many reached the training loop; use torchdata's "
+                "StatefulDataLoader and its state_dict(), or call state_dict() between epochs "
+                "after set_epoch()"
+            )
+        return make_state(
+            uri=self.uri,
+            version=self.version,
+            num_rows=self.num_rows,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            world_size=self.world_size,
+            epoch=epoch,
+            position=position,
+            worker=worker,
+        )
+
+    def load_state_dict(
+        self, state: Mapping[str, Any], *, allow_version_change: bool = False
+    ) -> None:
+        """Make the next iteration continue exactly where ``state`` stopped.
+
+        The same epoch's permutation, from the next undelivered batch: nothing is re-read or
+        replayed. The state may come from a job with another ``world_size`` or ``num_workers``:
+        the rest of the epoch is then re-split over this job's ranks (rules in
+        :mod:`lance_prefetch.sampling`), and every row is still delivered once. A state saved after
+        an epoch's last batch continues with the next epoch. It reaches DataLoader workers like
+        :meth:`set_epoch` does.
+
+        Args:
+            state (Mapping): a dict from :meth:`state_dict` (or
+                :func:`~lance_prefetch.state_from_dataloader`).
+            allow_version_change (bool, optional): accept a state saved on another dataset
+                version. Rows are still addressed by offset among the live rows, so this is right
+                only if the versions hold the same rows in the same order (say, a new index or
+                metadata only). Default: ``False``.
+
+        Raises:
+            RuntimeError: an iterator of this loader is live in this process (exhaust or
+                :meth:`close` it first; the state applies to the next iterator).
+            ValueError: the state is malformed, or belongs to another dataset, version, seed,
+                batch size or ``drop_last`` (the message names each mismatch), or it is a DataLoader
+                worker's share loaded outside that worker (merge with
+                :func:`~lance_prefetch.state_from_dataloader`).
+            TypeError: ``state`` is not a mapping or a field has the wrong type.
+        """
+        allow_version_change = check_bool("allow_version_change", allow_version_change)
+        if any(not iterator.closed for iterator in self._iterators):
+            raise RuntimeError(
+                "load_state_dict() was called while an iterator of this loader is live; exhaust "
+                "it or call loader.close() first (the state applies to the next iterator)"
+            )
+        expected = {
+            "uri": self.uri,
+            "version": self.version,
+            "num_rows": self.num_rows,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+        }
+        state = check_state(state, expected, allow_version_change=allow_version_change)
+        epoch, position = state["epoch"], state["position"]
+        worker = get_worker_info()
+        saved_by = state.get("worker")
+        if saved_by is not None:
+            if (
+                worker is None
+                or (worker.id, worker.num_workers)
+                != (
+                    saved_by["id"],
+                    saved_by["num_workers"],
+                )
+                or state["world_size"] != self.world_size
+            ):
+                raise ValueError(
+                    f"state holds only the share of DataLoader worker {saved_by['id']} of "
+                    f"{saved_by['num_workers']} (world_size={state['world_size']}); merge the "
+                    f"workers' states with lance_prefetch.state_from_dataloader() and load that"
+                )
+            start = saved_by["start"]
+            skip = (position - start) // self.world_size
+            self._worker_resume = (Decision(epoch, start), skip)
+        elif worker is not None:  # a whole state loaded inside one worker: for this copy only
+            self._worker_resume = (Decision(epoch, position), 0)
+        else:
+            finished = self.epoch_plan(epoch, start=position).batches_per_rank == 0
+            self._control.load(epoch, position, finished=finished)
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -246,15 +383,35 @@ class PrefetchLoader(IterableDataset):
         """
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
         worker = get_worker_info()
-        plan = self.epoch_plan()
+        self._iterations += 1
+        if worker is None:
+            ident, worker_id, num_workers = iteration_ident(), 0, 1
+        else:
+            ident = iteration_ident(worker.seed, worker.id, self._iterations)
+            worker_id, num_workers = worker.id, worker.num_workers
+        resume, self._worker_resume = self._worker_resume, None
+        if resume is not None:
+            decision, skip = resume
+            self._control.begin(ident, num_workers, forced=decision)
+        else:
+            decision, skip = self._control.begin(ident, num_workers), 0
+        plan = self.epoch_plan(decision.epoch, start=decision.start)
         batches = plan.rank_batches(
-            self.rank,
-            worker_id=worker.id if worker is not None else 0,
-            num_workers=worker.num_workers if worker is not None else 1,
+            self.rank, worker_id=worker_id, num_workers=num_workers, skip=skip
         )
-        iterator = BlockingPrefetcher(
+        progress = Progress(
+            ident,
+            decision,
+            world_size=self.world_size,
+            worker_id=worker_id,
+            num_workers=num_workers,
+            skip=skip,
+        )
+        self._progress = progress
+        iterator = _Iteration(
             batches,
             functools.partial(self._load, plan.epoch),
+            progress,
             readahead=self.readahead,
             max_in_flight=self.max_in_flight,
         )
@@ -293,12 +450,13 @@ class PrefetchLoader(IterableDataset):
     # -- pickling and printing -------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_iterators"]  # live iterators belong to this process
+        del state["_iterators"], state["_progress"]  # this process's iterations
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._iterators = weakref.WeakSet()
+        self._progress = None
 
     def __repr__(self) -> str:
         return (
@@ -309,6 +467,19 @@ class PrefetchLoader(IterableDataset):
             f"world_size={self.world_size}, "
             f"storage_options={redact(self._source._storage_options)})"
         )
+
+
+class _Iteration(BlockingPrefetcher[Any]):
+    """The iterator ``iter(loader)`` returns: a prefetcher that counts the batches it delivers."""
+
+    def __init__(self, items: Any, fetch: Any, progress: Progress, **depths: int) -> None:
+        super().__init__(items, fetch, **depths)
+        self._progress = progress
+
+    def __next__(self) -> Any:
+        item = super().__next__()
+        self._progress.delivered += 1
+        return item
 
 
 def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -25,8 +25,13 @@ def expected_rank_ids(loader: PrefetchLoader, rank: int | None = None) -> list[l
     return [batch.indices.tolist() for batch in plan.rank_batches(rank)]
 
 
-def collect(loader: PrefetchLoader, num_workers: int = 0) -> list[list[int]]:
-    """Every batch's ids, read directly (``num_workers=0``) or through spawn DataLoader workers."""
+def collect(
+    loader: PrefetchLoader, num_workers: int = 0, *, epoch: int | None = None
+) -> list[list[int]]:
+    """Every batch's ids, read directly (``num_workers=0``) or through spawn DataLoader workers;
+    ``epoch``: call ``set_epoch(epoch)`` first (else the loader's own rules pick the epoch)."""
+    if epoch is not None:
+        loader.set_epoch(epoch)
     if num_workers == 0:
         return batch_ids(loader)
     data_loader = DataLoader(

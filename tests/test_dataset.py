@@ -49,11 +49,11 @@ def test_num_workers_give_the_same_sequence(ids_1003):
     """Acceptance 2: identical batch sequence for num_workers 0, 1, 3, 7 (spawn)."""
     for drop_last, sizes in ((True, [10] * 100), (False, [10] * 100 + [3])):
         loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=11, drop_last=drop_last)
-        reference = collect(loader, 0)
+        reference = collect(loader, 0, epoch=0)
         assert [len(b) for b in reference] == sizes
         assert reference == expected_rank_ids(loader)
         for num_workers in [1, 3, 7] if drop_last else [3]:
-            assert collect(loader, num_workers) == reference, num_workers
+            assert collect(loader, num_workers, epoch=0) == reference, num_workers
 
 
 @pytest.mark.slow
@@ -92,9 +92,10 @@ def test_set_epoch_changes_the_order_reproducibly(ids_1003):
         assert collect(second) == order
         orders.append(order)
     assert orders[0] != orders[1] != orders[2] != orders[0]
-    assert (
-        collect(first) == orders[2]
-    )  # no set_epoch: the same epoch again, as with DistributedSampler
+    # No set_epoch: the next iteration reads the next epoch, never the same one again.
+    following = collect(first)
+    assert first.epoch == 3 and following == collect(second, epoch=3)
+    assert following not in orders
 
 
 @pytest.mark.parametrize("readahead", [1, 2, 5, 200])
@@ -168,7 +169,8 @@ def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003, monkeypatch
     def take(self, indices):
         with lock:
             started[0] += 1
-            held_at_start.append(started[0] - iterator.statistics().received)
+            received = 0 if iterator is None else iterator.statistics().received
+            held_at_start.append(started[0] - received)
         if indices.tolist() == slow:
             time.sleep(1.0)
         return original(self, indices)

@@ -1,0 +1,227 @@
+"""Checkpoint state: the plain dict that :meth:`PrefetchLoader.state_dict` returns, and its checks.
+
+Pure code: no Lance, no I/O. A state is JSON-serializable and a few hundred bytes::
+
+    {"format_version": 1, "uri": "s3://bucket/train.lance", "version": 7, "num_rows": 1003,
+     "seed": 0, "batch_size": 10, "drop_last": True, "world_size": 2, "epoch": 1, "position": 34}
+
+``position`` counts the global batches of ``epoch`` (over all ranks) delivered to the training loop
+before the next one; see :mod:`lance_prefetch.sampling` for how a plan resumes from it, also with
+another ``world_size``.
+
+A state saved inside a DataLoader worker process (torchdata's ``StatefulDataLoader`` asks each
+worker for its dataset's state) also has ``"worker": {"id": w, "num_workers": K, "start": S}``: it
+describes that worker's share only (its ``position`` is after the last batch *it* delivered, of an
+iteration that started at ``S``). ``StatefulDataLoader`` hands each worker back its own state; to
+resume with other ``num_workers`` or ``world_size``, merge them with :func:`state_from_dataloader`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .sampling import EpochPlan
+
+__all__ = ["FORMAT_VERSION", "make_state", "check_state", "state_from_dataloader"]
+
+#: The state layout's version, stored as ``"format_version"``.
+FORMAT_VERSION = 1
+
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "format_version": int,
+    "uri": str,
+    "version": int,
+    "num_rows": int,
+    "seed": int,
+    "batch_size": int,
+    "drop_last": bool,
+    "world_size": int,
+    "epoch": int,
+    "position": int,
+}
+#: Fields that must equal the loader's own for a state to load (``version`` can be allowed to differ).
+MATCHED = ("uri", "version", "num_rows", "seed", "batch_size", "drop_last")
+
+
+def make_state(
+    *,
+    uri: str,
+    version: int,
+    num_rows: int,
+    seed: int,
+    batch_size: int,
+    drop_last: bool,
+    world_size: int,
+    epoch: int,
+    position: int,
+    worker: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """A state dict in the layout above (``worker`` only for a DataLoader worker's share)."""
+    state: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "uri": uri,
+        "version": version,
+        "num_rows": num_rows,
+        "seed": seed,
+        "batch_size": batch_size,
+        "drop_last": drop_last,
+        "world_size": world_size,
+        "epoch": epoch,
+        "position": position,
+    }
+    if worker is not None:
+        state["worker"] = dict(worker)
+    return state
+
+
+def check_state(
+    state: Any, expected: Mapping[str, Any], *, allow_version_change: bool = False
+) -> dict[str, Any]:
+    """Check that ``state`` is well formed and belongs to a loader described by ``expected``.
+
+    Args:
+        state: what the user passed to ``load_state_dict``.
+        expected: the loader's own values of :data:`MATCHED`.
+        allow_version_change (bool, optional): accept another dataset ``version``. Default: ``False``.
+
+    Returns:
+        ``state`` itself (now known to be valid).
+
+    Raises:
+        TypeError: ``state`` is not a mapping, or a field has the wrong type.
+        ValueError: a field is missing or out of range, the layout version is unknown, or the state
+            belongs to another dataset, version, seed, batch size or ``drop_last`` (the message
+            names each mismatch with both values).
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"state should be a dict returned by PrefetchLoader.state_dict(), but got "
+            f"{type(state).__name__}"
+        )
+    missing = [key for key in _TYPES if key not in state]
+    if missing:
+        raise ValueError(
+            f"state is missing {', '.join(missing)}; pass a dict returned by "
+            f"PrefetchLoader.state_dict() (a torchdata StatefulDataLoader's own state_dict goes "
+            f"to StatefulDataLoader.load_state_dict, or through state_from_dataloader())"
+        )
+    for key, kind in _TYPES.items():
+        value = state[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError(f"state[{key!r}] should be {kind.__name__}, but got {value!r}")
+    if state["format_version"] != FORMAT_VERSION:
+        raise ValueError(
+            f"state['format_version'] is {state['format_version']}, but this version of "
+            f"lance-prefetch reads format {FORMAT_VERSION}"
+        )
+    matched = [k for k in MATCHED if not (k == "version" and allow_version_change)]
+    mismatches = [k for k in matched if state[k] != expected[k]]
+    if mismatches:
+        details = "; ".join(
+            f"{k} is {state[k]!r} in the state but {expected[k]!r} in this loader"
+            for k in mismatches
+        )
+        hint = (
+            " (or pass allow_version_change=True to continue on another version)"
+            if mismatches == ["version"]
+            else ""
+        )
+        raise ValueError(
+            f"state does not match this loader: {details}. Build the loader with the state's "
+            f"values to resume{hint}, or start without load_state_dict"
+        )
+    for key in ("epoch", "position"):
+        if state[key] < 0:
+            raise ValueError(f"state[{key!r}] should be >= 0, but got {state[key]}")
+    if state["world_size"] < 1:
+        raise ValueError(f"state['world_size'] should be >= 1, but got {state['world_size']}")
+    limit = _max_position(state)
+    if state["position"] > limit:
+        raise ValueError(
+            f"state['position']={state['position']} is past the end of the epoch ({limit} global "
+            f"batches of {state['batch_size']} rows over {state['num_rows']} rows)"
+        )
+    if "worker" in state:
+        _check_worker(state)
+    return dict(state)
+
+
+def state_from_dataloader(dataloader_state: Mapping[str, Any]) -> dict[str, Any]:
+    """The loader's state inside a torchdata ``StatefulDataLoader.state_dict()``, as one global state.
+
+    With ``num_workers=0`` that is the loader's own state; with workers, each worker's share is
+    merged: the DataLoader hands out its workers' batches round-robin, so the batches delivered to
+    the training loop are exactly those before the furthest worker's position. The result loads into
+    a :class:`~lance_prefetch.PrefetchLoader` used with any ``num_workers`` and ``world_size``.
+
+    Raises:
+        ValueError: no loader state is in it, the workers' states disagree, or the DataLoader took
+            its last snapshot some steps ago (use ``snapshot_every_n_steps=1``, its default).
+    """
+    if not isinstance(dataloader_state, Mapping):
+        raise TypeError(
+            f"dataloader_state should be StatefulDataLoader.state_dict(), but got "
+            f"{type(dataloader_state).__name__}"
+        )
+    if "_snapshot" not in dataloader_state:  # num_workers=0
+        state = dataloader_state.get("dataset_state")
+        if not isinstance(state, Mapping):
+            raise ValueError(
+                "dataloader_state holds no PrefetchLoader state; pass the state_dict() of a "
+                "StatefulDataLoader that iterates a PrefetchLoader"
+            )
+        return dict(state)
+    if dataloader_state.get("_steps_since_snapshot", 0):
+        raise ValueError(
+            f"the StatefulDataLoader's last snapshot is {dataloader_state['_steps_since_snapshot']} "
+            f"steps old, so its worker states lag the batches delivered; create it with "
+            f"snapshot_every_n_steps=1 (the default)"
+        )
+    workers = dataloader_state["_snapshot"].get("_worker_snapshots", {})
+    states = [w.get("dataset_state") for w in workers.values()]
+    if not states or not all(isinstance(s, Mapping) and "worker" in s for s in states):
+        raise ValueError(
+            "dataloader_state holds no PrefetchLoader worker states; pass the state_dict() of a "
+            "StatefulDataLoader that iterates a PrefetchLoader"
+        )
+    shared = {(s["epoch"], s["worker"]["start"], s["worker"]["num_workers"]) for s in states}
+    if len(shared) != 1:
+        raise ValueError(f"the workers' states disagree on (epoch, start, num_workers): {shared}")
+    merged = dict(max(states, key=lambda s: s["position"]))
+    del merged["worker"]
+    return merged
+
+
+def _max_position(state: Mapping[str, Any]) -> int:
+    """The largest position an epoch of this dataset can reach, for any world size it saw."""
+    num_rows, batch_size = state["num_rows"], state["batch_size"]
+    limit = math.ceil(num_rows / batch_size)
+    if not state["drop_last"]:  # padding can give every rank a batch even of a few rows
+        plan = EpochPlan(
+            num_rows=max(num_rows, 1),
+            batch_size=batch_size,
+            world_size=state["world_size"],
+            drop_last=False,
+        )
+        limit = max(limit, plan.num_batches)
+    return limit
+
+
+def _check_worker(state: Mapping[str, Any]) -> None:
+    worker = state["worker"]
+    if not isinstance(worker, Mapping) or set(worker) != {"id", "num_workers", "start"}:
+        raise ValueError(
+            f"state['worker'] should be {{'id', 'num_workers', 'start'}}, but got {worker!r}"
+        )
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in worker.values()):
+        raise TypeError(f"state['worker'] should hold integers, but got {worker!r}")
+    if not (0 <= worker["id"] < worker["num_workers"]) or not 0 <= worker["start"]:
+        raise ValueError(f"state['worker'] is out of range: {worker!r}")
+    done = state["position"] - worker["start"]
+    if done < 0 or done % state["world_size"]:
+        raise ValueError(
+            f"state['position']={state['position']} does not follow whole rounds of "
+            f"world_size={state['world_size']} from the worker's start {worker['start']}"
+        )
