@@ -1,10 +1,12 @@
 """lance-prefetch: fully random batches from Lance datasets, read concurrently ahead of training.
 
-The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``) and
-:class:`BatchLoadError`. The modules underneath each do one job: :mod:`~lance_prefetch.sampling`
-(which rows in which batch), :mod:`~lance_prefetch.scheduling` (concurrent fetches, bounded
-readahead), :mod:`~lance_prefetch.source` (Lance I/O), :mod:`~lance_prefetch.convert` (Arrow to
-torch) and :mod:`~lance_prefetch.cli` (the ``lance-prefetch`` command).
+The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``),
+:class:`BatchLoadError` and :func:`state_from_dataloader`. The modules underneath each do one job:
+:mod:`~lance_prefetch.sampling` (which rows in which batch), :mod:`~lance_prefetch.epochs` (which
+epoch each iteration reads, across processes), :mod:`~lance_prefetch.state` (checkpoint state),
+:mod:`~lance_prefetch.scheduling` (concurrent fetches, bounded readahead),
+:mod:`~lance_prefetch.source` (Lance I/O), :mod:`~lance_prefetch.convert` (Arrow to torch) and
+:mod:`~lance_prefetch.cli` (the ``lance-prefetch`` command).
 """
 
 from importlib.metadata import PackageNotFoundError
@@ -12,11 +14,12 @@ from importlib.metadata import version as _version
 
 from .dataset import BatchLoadError as BatchLoadError
 from .dataset import PrefetchLoader as PrefetchLoader
+from .state import state_from_dataloader as state_from_dataloader
 
 try:
     __version__ = _version("lance-prefetch")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-__all__ = ["BatchLoadError", "PrefetchLoader", "__version__"]
+__all__ = ["BatchLoadError", "PrefetchLoader", "__version__", "state_from_dataloader"]
 assert sorted(__all__) == __all__

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["Decision", "EpochControl", "begin", "iteration_ident", "LOCK_TIMEOUT_S"]
+__all__ = ["Decision", "EpochControl", "LOCK_TIMEOUT_S", "Progress", "begin", "iteration_ident"]
 
 #: How long an iteration start waits for the shared lock, in seconds, before failing loudly.
 LOCK_TIMEOUT_S = 10.0

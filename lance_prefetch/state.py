@@ -24,7 +24,7 @@ from typing import Any
 
 from .sampling import EpochPlan
 
-__all__ = ["FORMAT_VERSION", "make_state", "check_state", "state_from_dataloader"]
+__all__ = ["FORMAT_VERSION", "check_state", "make_state", "state_from_dataloader"]
 
 #: The state layout's version, stored as ``"format_version"``.
 FORMAT_VERSION = 1

@@ -8,11 +8,26 @@ import pytest
 
 import lance_prefetch
 
-MODULES = ["sampling", "scheduling", "source", "convert", "dataset", "demo", "cli"]
+MODULES = [
+    "sampling",
+    "epochs",
+    "state",
+    "scheduling",
+    "source",
+    "convert",
+    "dataset",
+    "demo",
+    "cli",
+]
 
 
 def test_top_level_exports():
-    assert lance_prefetch.__all__ == ["BatchLoadError", "PrefetchLoader", "__version__"]
+    assert lance_prefetch.__all__ == [
+        "BatchLoadError",
+        "PrefetchLoader",
+        "__version__",
+        "state_from_dataloader",
+    ]
     assert lance_prefetch.__version__ == "0.1.0"
     assert issubclass(lance_prefetch.BatchLoadError, RuntimeError)
 

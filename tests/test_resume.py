@@ -1,0 +1,303 @@
+"""Checkpoint and resume: state_dict/load_state_dict, epochs in DataLoader workers, elastic resume.
+
+Every expectation is an exact batch sequence: the uninterrupted run of an identical loader.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+import multiprocessing
+
+import pytest
+from helpers import batch_ids, collect, wait_until
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lance_prefetch import PrefetchLoader, state_from_dataloader
+
+
+def take(iterable, count: int) -> list[list[int]]:
+    """The ids of the next ``count`` batches (fewer if it ends)."""
+    return batch_ids(itertools.islice(iterable, count))
+
+
+def uninterrupted(uri, epoch: int, **kwargs) -> list[list[int]]:
+    loader = PrefetchLoader(uri, 10, columns=["id"], **kwargs)
+    return collect(loader, epoch=epoch)
+
+
+def test_state_is_a_small_plain_dict(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=3, rank=1, world_size=2)
+    loader.set_epoch(4)
+    iterator = iter(loader)
+    take(iterator, 7)
+    state = loader.state_dict()
+    assert state == {
+        "format_version": 1,
+        "uri": loader.uri,
+        "version": loader.version,
+        "num_rows": 1003,
+        "seed": 3,
+        "batch_size": 10,
+        "drop_last": True,
+        "world_size": 2,
+        "epoch": 4,
+        "position": 14,  # 7 batches on each of 2 ranks
+    }
+    encoded = json.dumps(state)
+    assert json.loads(encoded) == state and len(encoded) < 1024
+    iterator.close()
+
+
+def test_position_counts_batches_delivered_not_read_ahead(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], readahead=8, max_in_flight=4)
+    iterator = iter(loader)
+    take(iterator, 5)
+    assert wait_until(lambda: iterator.statistics().held == 8)  # 8 more read ahead
+    assert loader.state_dict()["position"] == 5
+    iterator.close()
+    resumed = PrefetchLoader(ids_1003, 10, columns=["id"])
+    resumed.load_state_dict(loader.state_dict())
+    assert collect(resumed) == uninterrupted(ids_1003, 0)[5:]
+
+
+def run_in_new_process(uri, state, rank, world_size, epochs):
+    """Build a loader in a fresh (spawned) process, load ``state``, read ``epochs`` to the end."""
+    loader = PrefetchLoader(uri, 10, columns=["id"], rank=rank, world_size=world_size)
+    loader.load_state_dict(state)
+    return [collect(loader, epoch=epoch) for epoch in epochs]
+
+
+@pytest.mark.slow
+def test_two_ranks_stop_mid_epoch_and_resume_in_a_new_process(ids_1003):
+    """Acceptance 3: stop at epoch 1 batch 17 on 2 ranks, save, resume in a new process: the rest
+    of epoch 1 and all of epoch 2 equal the uninterrupted run, batch for batch."""
+    states, head = [], []
+    for rank in range(2):
+        loader = PrefetchLoader(ids_1003, 10, columns=["id"], rank=rank, world_size=2)
+        collect(loader, epoch=0)
+        loader.set_epoch(1)
+        iterator = iter(loader)
+        head.append(take(iterator, 17))
+        states.append(json.loads(json.dumps(loader.state_dict())))  # as a checkpoint file would
+        iterator.close()
+    assert states[0] == states[1] and states[0]["position"] == 34
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
+        runs = [
+            pool.submit(run_in_new_process, ids_1003, states[0], r, 2, (1, 2)) for r in range(2)
+        ]
+        resumed = [run.result() for run in runs]
+    for rank in range(2):
+        epoch_1 = uninterrupted(ids_1003, 1, rank=rank, world_size=2)
+        epoch_2 = uninterrupted(ids_1003, 2, rank=rank, world_size=2)
+        assert head[rank] == epoch_1[:17]
+        assert resumed[rank] == [epoch_1[17:], epoch_2]
+
+
+def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(ids_1003):
+    """Acceptance 4: save after batch 0 and after the epoch's last batch; resume 3 times in one
+    epoch (at 30, 40 and 70 batches): the joined output equals the uninterrupted run."""
+    expected = uninterrupted(ids_1003, 0) + uninterrupted(ids_1003, 1)
+    joined, state = [], None
+    for stop in (1, 30, 40, 70, 100):
+        loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+        if state is not None:
+            loader.load_state_dict(state)
+        iterator = iter(loader)
+        joined += take(iterator, stop - len(joined))
+        state = loader.state_dict()
+        iterator.close()
+    assert state["epoch"] == 0 and state["position"] == 100  # saved after the last batch
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    loader.load_state_dict(state)
+    joined += collect(loader)  # without set_epoch, the epoch after the saved one
+    assert loader.epoch == 1
+    assert joined == expected
+    # The same end-of-epoch state, with a loop that calls set_epoch(saved epoch) first: nothing
+    # is left of epoch 0, then epoch 1 in full.
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    loader.load_state_dict(state)
+    assert collect(loader, epoch=0) == [] and collect(loader, epoch=1) == expected[100:]
+    # A state saved before the first batch resumes the whole epoch.
+    fresh = PrefetchLoader(ids_1003, 10, columns=["id"])
+    fresh.set_epoch(1)
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    loader.load_state_dict(fresh.state_dict())
+    assert collect(loader) == expected[100:]
+
+
+@pytest.mark.slow
+def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(ids_1003):
+    """Acceptance 5: save at 2 ranks x 2 workers (StatefulDataLoader), resume at 3 ranks x 1
+    worker: over the epoch every id exactly once (but the documented tail)."""
+    before, states = [], []
+    for rank in range(2):
+        loader = PrefetchLoader(ids_1003, 10, columns=["id"], rank=rank, world_size=2)
+        dataloader = StatefulDataLoader(
+            loader, batch_size=None, num_workers=2, multiprocessing_context="spawn"
+        )
+        iterator = iter(dataloader)
+        before += take(iterator, 13)
+        states.append(state_from_dataloader(dataloader.state_dict()))
+        del iterator, dataloader
+    assert states[0] == states[1] and states[0]["position"] == 26
+    after, steps = [], []
+    for rank in range(3):
+        loader = PrefetchLoader(ids_1003, 10, columns=["id"], rank=rank, world_size=3)
+        loader.load_state_dict(states[0])
+        batches = collect(loader, num_workers=1)
+        steps.append(len(batches))
+        after += batches
+    delivered = [i for batch in before + after for i in batch]
+    assert len(set(steps)) == 1  # every new rank runs the same number of steps
+    assert len(delivered) == len(set(delivered))  # no row twice
+    permutation = PrefetchLoader(ids_1003, 10, columns=["id"]).epoch_plan(0).permutation
+    # 1003 - 260 = 743 rows remain: 24 rounds of 30; the permutation's last 23 rows are dropped
+    assert steps == [24] * 3
+    assert sorted(delivered) == sorted(permutation[:980].tolist())
+
+
+@pytest.mark.slow
+def test_stateful_dataloader_resumes_its_workers_in_place(ids_1003):
+    """StatefulDataLoader's own save/load with the same num_workers continues batch for batch."""
+    expected = uninterrupted(ids_1003, 0)
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    dataloader = StatefulDataLoader(
+        loader, batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
+    iterator = iter(dataloader)
+    head = take(iterator, 23)
+    saved = dataloader.state_dict()
+    del iterator, dataloader
+    assert state_from_dataloader(saved)["position"] == 23
+    restored = StatefulDataLoader(
+        PrefetchLoader(ids_1003, 10, columns=["id"]),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="spawn",
+    )
+    restored.load_state_dict(saved)
+    assert head + batch_ids(restored) == expected
+
+
+@pytest.mark.slow
+def test_set_epoch_reaches_persistent_workers(ids_1003):
+    """Acceptance 2: 3 persistent workers, 3 epochs with set_epoch: the orders differ per epoch and
+    equal the num_workers=0 run; then, without set_epoch, the epochs keep advancing."""
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=5)
+    dataloader = DataLoader(
+        loader,
+        batch_size=None,
+        num_workers=3,
+        multiprocessing_context="spawn",
+        persistent_workers=True,
+    )
+    orders = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        orders.append(batch_ids(dataloader))
+    assert orders == [uninterrupted(ids_1003, epoch, seed=5) for epoch in range(3)]
+    assert orders[0] != orders[1] != orders[2] != orders[0]
+    assert batch_ids(dataloader) == uninterrupted(ids_1003, 3, seed=5)
+    assert loader.epoch == 3  # the workers' choice is visible in the main process
+
+
+@pytest.mark.slow
+def test_without_set_epoch_each_dataloader_iteration_reads_the_next_epoch(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=5)
+    dataloader = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    assert [batch_ids(dataloader) for _ in range(2)] == [
+        uninterrupted(ids_1003, epoch, seed=5) for epoch in range(2)
+    ]
+    assert loader.epoch == 1
+    # The main process cannot count what workers deliver: state_dict says so rather than guess.
+    with pytest.raises(RuntimeError, match="StatefulDataLoader"):
+        loader.state_dict()
+    loader.set_epoch(2)
+    assert loader.state_dict()["epoch"] == 2 and loader.state_dict()["position"] == 0
+
+
+def test_mismatched_states_are_refused_with_the_mismatch_named(ids_1003, fresh_ids):
+    """Acceptance 6: a state from another dataset or seed names what differs."""
+    state = PrefetchLoader(ids_1003, 10, columns=["id"]).state_dict()
+    other_uri = fresh_ids(1003)
+    other = PrefetchLoader(other_uri, 10, columns=["id"])
+    with pytest.raises(ValueError) as info:
+        other.load_state_dict(state)
+    assert str(info.value).startswith(
+        f"state does not match this loader: uri is {state['uri']!r} in the state but "
+        f"{other.uri!r} in this loader. Build the loader"
+    )
+    reseeded = PrefetchLoader(ids_1003, 10, columns=["id"], seed=1)
+    with pytest.raises(ValueError, match=r"seed is 0 in the state but 1 in this loader"):
+        reseeded.load_state_dict(state)
+    with pytest.raises(
+        ValueError, match=r"batch_size is 10 in the state but 20 in this loader; drop_last"
+    ):
+        PrefetchLoader(ids_1003, 20, columns=["id"], drop_last=False).load_state_dict(state)
+
+
+def test_another_version_needs_the_explicit_opt_in(ids_1003, fresh_ids):
+    import lance
+
+    uri = fresh_ids(40)
+    loader = PrefetchLoader(uri, 10, columns=["id"])
+    state = loader.state_dict()
+    dataset = lance.dataset(uri)
+    dataset.tags.create("same-rows", dataset.version)
+    lance.write_dataset(dataset.to_table().slice(0, 0), uri, mode="append")  # a new, equal version
+    newer = PrefetchLoader(uri, 10, columns=["id"])
+    assert newer.version == loader.version + 1
+    with pytest.raises(ValueError, match=r"version is \d+ in the state but \d+ in this loader.*"
+                       r"allow_version_change=True"):  # fmt: skip
+        newer.load_state_dict(state)
+    newer.load_state_dict(state, allow_version_change=True)
+    assert collect(newer) == collect(loader)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        (lambda s: s.pop("position"), ValueError, "state is missing position; pass a dict"),
+        (lambda s: s.update(format_version=2), ValueError, "state['format_version'] is 2"),
+        (lambda s: s.update(epoch=-1), ValueError, "state['epoch'] should be >= 0, but got -1"),
+        (lambda s: s.update(position=1.5), TypeError, "state['position'] should be int, but got 1.5"),
+        (lambda s: s.update(position=102), ValueError, "state['position']=102 is past the end"),
+        (lambda s: s.update(world_size=0), ValueError, "state['world_size'] should be >= 1"),
+    ],
+)  # fmt: skip
+def test_malformed_states_are_refused(ids_1003, change, error, message):
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    state = loader.state_dict()
+    change(state)
+    with pytest.raises(error) as info:
+        loader.load_state_dict(state)
+    assert str(info.value).startswith(message)
+    with pytest.raises(TypeError, match=r"^state should be a dict returned by"):
+        loader.load_state_dict([("epoch", 1)])
+
+
+def test_a_worker_share_is_refused_outside_its_worker(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    state = loader.state_dict() | {"worker": {"id": 1, "num_workers": 2, "start": 0}}
+    with pytest.raises(ValueError, match=r"only the share of DataLoader worker 1 of 2.*"
+                       r"state_from_dataloader"):  # fmt: skip
+        loader.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"^dataloader_state holds no PrefetchLoader"):
+        state_from_dataloader({"_snapshot": {"_worker_snapshots": {}}})
+
+
+def test_load_state_dict_while_an_iterator_is_live_raises(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    iterator = iter(loader)
+    head = take(iterator, 3)
+    state = loader.state_dict()
+    with pytest.raises(RuntimeError, match=r"^load_state_dict\(\) was called while an iterator"):
+        loader.load_state_dict(state)
+    assert take(iterator, 1) == uninterrupted(ids_1003, 0)[3:4]  # the live one is unaffected
+    loader.close()
+    loader.load_state_dict(state)  # applies to the next iterator
+    assert head + collect(loader) == uninterrupted(ids_1003, 0)
