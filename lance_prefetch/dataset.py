@@ -132,9 +132,17 @@ class PrefetchLoader(IterableDataset):
             ``drop_last=True`` and it has fewer than ``batch_size * world_size`` rows.
         FileNotFoundError: there is no dataset at ``source``.
 
+    Epochs and checkpoints:
+        :meth:`set_epoch` selects the next iteration's epoch (it reaches DataLoader workers,
+        persistent ones included); without it each new iteration reads the next epoch.
+        :meth:`state_dict` / :meth:`load_state_dict` save and restore the position within an epoch,
+        counted in batches delivered to the training loop (rules in :mod:`lance_prefetch.epochs`
+        and :mod:`lance_prefetch.state`).
+
     .. warning::
-        Like ``DistributedSampler``, call :meth:`set_epoch` before each epoch; otherwise every
-        iteration repeats the same order.
+        With DataLoader worker processes, call :meth:`state_dict` through torchdata's
+        ``StatefulDataLoader`` (see :func:`~lance_prefetch.state_from_dataloader`): the main
+        process's loader cannot see which batches the workers' output has delivered.
     """
 
     def __init__(
