@@ -301,3 +301,26 @@ def test_load_state_dict_while_an_iterator_is_live_raises(ids_1003):
     loader.close()
     loader.load_state_dict(state)  # applies to the next iterator
     assert head + collect(loader) == uninterrupted(ids_1003, 0)
+
+
+@pytest.mark.slow
+def test_rank_is_resolved_once_and_carried_into_workers(ids_1003, monkeypatch):
+    """The process group wins over RANK/WORLD_SIZE; workers use the stored values, never their
+    own environment (here changed after construction, and inherited by the spawned workers)."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        from_group = PrefetchLoader(ids_1003, 10, columns=["id"])
+    finally:
+        dist.destroy_process_group()
+    assert (from_group.rank, from_group.world_size) == (0, 1)
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])  # no group: the environment
+    assert (loader.rank, loader.world_size) == (1, 3)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert collect(loader, num_workers=2, epoch=0) == uninterrupted(
+        ids_1003, 0, rank=1, world_size=3
+    )
