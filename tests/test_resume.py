@@ -324,3 +324,21 @@ def test_rank_is_resolved_once_and_carried_into_workers(ids_1003, monkeypatch):
     assert collect(loader, num_workers=2, epoch=0) == uninterrupted(
         ids_1003, 0, rank=1, world_size=3
     )
+
+
+def test_stateful_dataloader_without_workers(ids_1003):
+    """num_workers=0: StatefulDataLoader saves the loader's own state and restores it in place."""
+    expected = uninterrupted(ids_1003, 0, seed=2)
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=2)
+    dataloader = StatefulDataLoader(loader, batch_size=None)
+    iterator = iter(dataloader)
+    head = take(iterator, 13)
+    saved = dataloader.state_dict()
+    assert state_from_dataloader(saved) == loader.state_dict()
+    assert loader.state_dict()["position"] == 13
+    del iterator
+    restored = StatefulDataLoader(
+        PrefetchLoader(ids_1003, 10, columns=["id"], seed=2), batch_size=None
+    )
+    restored.load_state_dict(saved)
+    assert head + batch_ids(restored) == expected
