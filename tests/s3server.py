@@ -5,7 +5,7 @@ with :meth:`S3Server.stop`, which also closes the kept-alive client connections 
 thread the server started, so no thread or port is left behind.
 
 The server checks signatures like AWS does: only the access key it creates at start (an IAM user
-allowed everything) is accepted, so a wrong secret fails and a request without credentials fails.
+allowed everything) is accepted, so a wrong secret fails, and an unsigned request gets 403.
 Keep objects small: moto copies the whole object for every range GET.
 """
 
@@ -26,6 +26,26 @@ from moto.moto_server.werkzeug_app import (
 from werkzeug.serving import ThreadedWSGIServer
 
 REGION = "us-east-1"
+_ANONYMOUS_DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Message>Access Denied</Message></Error>"
+)
+
+
+def _deny_anonymous(app):
+    """Answer unsigned requests 403 AccessDenied, as AWS does (moto, checking signatures, fails
+    them with a 500 and a logged traceback)."""
+
+    def wsgi(environ, start_response):
+        signed = "HTTP_AUTHORIZATION" in environ or "X-Amz-Signature=" in environ.get(
+            "QUERY_STRING", ""
+        )
+        if signed:
+            return app(environ, start_response)
+        start_response("403 Forbidden", [("Content-Type", "application/xml")])
+        return [_ANONYMOUS_DENIED]
+
+    return wsgi
 
 
 class _TrackingServer(ThreadedWSGIServer):
@@ -72,7 +92,7 @@ class S3Server:
 
     def start(self) -> S3Server:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-        app = DomainDispatcherApplication(create_backend_app)
+        app = _deny_anonymous(DomainDispatcherApplication(create_backend_app))
         self._server = _TrackingServer("127.0.0.1", 0, app, handler=MotoRequestHandler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="s3server", daemon=True
