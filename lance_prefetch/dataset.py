@@ -110,8 +110,11 @@ class PrefetchLoader(IterableDataset):
             ``RANK`` environment variable (set by ``torchrun``), else ``0``.
         world_size (int, optional): number of ranks, ``>= 1``; give it together with ``rank``.
             Default: ``None``, resolved like ``rank`` (``WORLD_SIZE``, else ``1``).
-        storage_options (Mapping[str, str], optional): passed to Lance, e.g. S3 credentials and
-            endpoint; pickled along into worker processes, never printed. Default: ``None``.
+        storage_options (Mapping[str, str], optional): passed to Lance as they are, e.g. S3
+            credentials, ``aws_endpoint``, ``allow_http``; pickled along into worker processes
+            (no environment variables needed there), never printed. For ``s3://`` an endpoint set
+            here is probed at construction for at most ``connect_timeout`` (default 3 s).
+            Default: ``None``.
         version (int | str, optional): dataset version number or tag to read. Default: ``None``,
             the latest at construction; the loader keeps reading that version.
         transform (Callable, optional): applied to each converted batch; its result is what the
@@ -128,9 +131,13 @@ class PrefetchLoader(IterableDataset):
         TypeError: an argument has the wrong type (e.g. ``batch_size=2.0`` or ``drop_last=1``), or
             a column's Arrow type has no tensor form.
         ValueError: an argument is out of range, ``max_in_flight > readahead``, ``rank`` is outside
-            ``[0, world_size)``, a column or ``version`` does not exist, the dataset has no rows, or
-            ``drop_last=True`` and it has fewer than ``batch_size * world_size`` rows.
-        FileNotFoundError: there is no dataset at ``source``.
+            ``[0, world_size)``, a column or ``version`` does not exist, the dataset has no rows,
+            ``drop_last=True`` and it has fewer than ``batch_size * world_size`` rows, or an S3
+            endpoint in ``storage_options`` is not an ``http(s)://`` URL or is plain ``http``
+            without ``allow_http`` (checked before any I/O).
+        FileNotFoundError: there is no dataset at ``source``, or its S3 bucket does not exist.
+        PermissionError: the object store refused the credentials in ``storage_options``.
+        ConnectionError: the endpoint in ``storage_options`` does not answer.
 
     Epochs and checkpoints:
         :meth:`set_epoch` selects the next iteration's epoch (it reaches DataLoader workers,

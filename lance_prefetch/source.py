@@ -5,39 +5,29 @@ construction (to pin the version, count the live rows and check the columns), pi
 version, columns, storage options; never the open dataset) and reopens the pinned version lazily,
 once per process, when it is first used there (a spawned DataLoader worker). A copy inherited through
 ``fork`` refuses to read (Lance is not fork-safe) with an error that names the fix.
+
+Storage options go to Lance as given. For ``s3://`` URIs they are checked before any I/O, an
+explicit endpoint is probed (a few seconds at most, where Lance alone retries for seconds or
+minutes), and a failed open becomes an error naming the parameter and the fix, without secrets
+(:mod:`lance_prefetch._storage`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import lance
 import numpy as np
 import pyarrow as pa
 
+from ._storage import check_s3_options, explain_open_error, is_s3, probe_endpoint, scrub
+from ._storage import redact as redact
 from ._validate import check_int
 
 __all__ = ["LanceSource", "redact"]
-
-_SECRET_KEY = re.compile(
-    r"key|secret|passw|token|credential|session|auth|private|signature|sas", re.IGNORECASE
-)
-
-
-def redact(storage_options: Mapping[str, str] | None) -> dict[str, str] | None:
-    """A copy of ``storage_options`` safe to print: values of secret-looking keys become ``'***'``.
-
-    Keys containing ``key``, ``secret``, ``passw``, ``token``, ``credential``, ``session``,
-    ``auth``, ``private``, ``signature`` or ``sas`` (any case: ``aws_access_key_id``,
-    ``awsAccessKeyId``, ``apikey``, ``authorization``) are masked; endpoints and regions are kept.
-    """
-    if storage_options is None:
-        return None
-    return {k: "***" if _SECRET_KEY.search(k) else v for k, v in storage_options.items()}
 
 
 class LanceSource:
@@ -52,7 +42,11 @@ class LanceSource:
         version (int | str, optional): version number or tag to pin. Default: ``None``, the latest
             version at construction (or the open dataset's own version).
         storage_options (Mapping[str, str], optional): passed to Lance as they are (keys as Lance
-            spells them, e.g. ``aws_endpoint``). Default: ``None``.
+            spells them, e.g. ``aws_endpoint``); pickled along, never printed (see :func:`redact`).
+            For ``s3://`` URIs an endpoint set here must be an ``http(s)://`` URL, plain ``http``
+            needs ``allow_http='true'``, and it is probed once at construction (for at most
+            ``connect_timeout``, default :data:`~lance_prefetch._storage.PROBE_TIMEOUT_S` = 3 s).
+            Default: ``None``.
 
     Attributes:
         uri (str): the dataset's URI. version (int): the pinned version. num_rows (int): live rows
@@ -61,9 +55,15 @@ class LanceSource:
 
     Raises:
         TypeError: ``source``, ``columns`` or ``storage_options`` has the wrong type.
-        FileNotFoundError: no Lance dataset at the URI.
+        FileNotFoundError: no Lance dataset at the URI, or its S3 bucket does not exist.
+        PermissionError: the object store refused the credentials, or none were found.
+        ConnectionError: the object store's endpoint could not be reached (probed within a few
+            seconds when ``storage_options`` sets it).
         ValueError: ``version`` does not exist, or a column is not in the schema (the message lists
-            the schema's columns), or ``columns`` is empty or repeats a name.
+            the schema's columns), or ``columns`` is empty or repeats a name, or an S3 endpoint
+            in ``storage_options`` is not a URL or is plain ``http`` without ``allow_http``.
+
+    No message, ``repr`` or re-raised Lance error holds a value of a secret-looking storage option.
     """
 
     def __init__(
@@ -80,9 +80,14 @@ class LanceSource:
         if isinstance(source, lance.LanceDataset):
             dataset = source
             self.uri = source.uri
+            if is_s3(self.uri):  # the options serve other processes: check them now
+                check_s3_options(self._storage_options)
         elif isinstance(source, (str, os.PathLike)):
             self.uri = os.fspath(source)
-            dataset = self._open_latest()
+            endpoint = check_s3_options(self._storage_options) if is_s3(self.uri) else None
+            if endpoint is not None:
+                probe_endpoint(*endpoint, self.uri, self._storage_options)
+            dataset = self._open(version=None)
         else:
             raise TypeError(
                 f"source should be a dataset URI (str or os.PathLike) or a lance.LanceDataset, "
@@ -123,13 +128,19 @@ class LanceSource:
             IndexError: an index is outside ``[0, num_rows)`` (checked before reading, because Lance
                 silently drops out-of-range offsets).
             OSError: storage returned a different number of rows than asked for.
+            Exception: Lance's own error from the read (its message without secret values), or,
+            on the first read in a new process, the open errors listed in the class docstring.
         """
         if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.num_rows):
             raise IndexError(
                 f"row offsets must be in [0, {self.num_rows}) for {self.uri!r} version "
                 f"{self.version}, but got min {int(indices.min())}, max {int(indices.max())}"
             )
-        table = self._opened().take(indices, columns=list(self.columns))
+        dataset = self._opened()
+        try:
+            table = dataset.take(indices, columns=list(self.columns))
+        except Exception as exc:
+            _reraise_scrubbed(exc, self._storage_options)
         if table.num_rows != len(indices):
             raise OSError(
                 f"Lance returned {table.num_rows} rows for {len(indices)} offsets from "
@@ -177,23 +188,21 @@ class LanceSource:
         self.check_process()
         with self._lock:
             if self._dataset is None:
-                self._dataset = lance.dataset(
-                    self.uri, version=self.version, storage_options=self._storage_options
-                )
+                self._dataset = self._open(version=self.version)
                 self._pid = os.getpid()
             return self._dataset
 
-    def _open_latest(self) -> lance.LanceDataset:
+    def _open(self, *, version: int | None) -> lance.LanceDataset:
+        """``lance.dataset`` with the storage options; its errors explained, secrets scrubbed."""
         try:
-            return lance.dataset(self.uri, storage_options=self._storage_options)
-        except ValueError as exc:
-            message = str(exc).lower()
-            if "not found" not in message and "not a directory" not in message:
-                raise
-            raise FileNotFoundError(
-                f"source: no Lance dataset at {self.uri!r}; check the path (a Lance dataset is a "
-                f"directory with a _versions/ folder) and, for object stores, storage_options"
-            ) from exc
+            return lance.dataset(self.uri, version=version, storage_options=self._storage_options)
+        except (ValueError, OSError) as exc:
+            error = explain_open_error(exc, self.uri, self._storage_options)
+            if error is None:
+                _reraise_scrubbed(exc, self._storage_options)
+            # Chain Lance's error for debugging, unless its message quotes a secret.
+            quotes_secret = scrub(str(exc), self._storage_options) != str(exc)
+            raise error from (None if quotes_secret else exc)
 
     def _checkout(self, dataset: lance.LanceDataset, version: int | str) -> lance.LanceDataset:
         try:
@@ -203,6 +212,19 @@ class LanceSource:
                 f"version={version!r} does not exist in {self.uri!r}; its latest version is "
                 f"{dataset.latest_version}"
             ) from exc
+
+
+def _reraise_scrubbed(exc: Exception, storage_options: Mapping[str, str] | None) -> NoReturn:
+    """Re-raise ``exc``; as a copy without its chain if its message quotes a secret option value."""
+    text = str(exc)
+    clean = scrub(text, storage_options)
+    if clean == text:
+        raise exc
+    try:
+        copy = type(exc)(clean)
+    except Exception:
+        copy = OSError(f"{type(exc).__name__}: {clean}")
+    raise copy from None
 
 
 def _check_version(version: int | str | None) -> int | str | None:

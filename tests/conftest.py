@@ -1,7 +1,9 @@
-"""Shared fixtures: small Lance datasets whose ``id`` column is each row's position."""
+"""Shared fixtures: small Lance datasets whose ``id`` column is each row's position, locally and on
+a real S3-compatible server on 127.0.0.1 (started on first use, stopped at the end of the session)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import lance
@@ -10,7 +12,13 @@ import pyarrow as pa
 import pytest
 
 
-def write_ids(path: Path | str, num_rows: int, *, rows_per_file: int = 1024) -> str:
+def write_ids(
+    path: Path | str,
+    num_rows: int,
+    *,
+    rows_per_file: int = 1024,
+    storage_options: dict[str, str] | None = None,
+) -> str:
     """Write ``num_rows`` rows: ``id`` (int64, = position), ``vector`` (3 x float32 = id * [1, 2, 3])
     and ``label`` (int64, id % 10), in fragments of ``rows_per_file`` rows. Returns the URI."""
     ids = np.arange(num_rows, dtype=np.int64)
@@ -22,7 +30,13 @@ def write_ids(path: Path | str, num_rows: int, *, rows_per_file: int = 1024) -> 
             "label": ids % 10,
         }
     )
-    lance.write_dataset(table, str(path), mode="overwrite", max_rows_per_file=rows_per_file)
+    lance.write_dataset(
+        table,
+        str(path),
+        mode="overwrite",
+        max_rows_per_file=rows_per_file,
+        storage_options=storage_options,
+    )
     return str(path)
 
 
@@ -44,5 +58,48 @@ def fresh_ids(tmp_path: Path):
 
     def make(num_rows: int, *, rows_per_file: int = 1024, name: str = "data.lance") -> str:
         return write_ids(tmp_path / name, num_rows, rows_per_file=rows_per_file)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A moto S3 server on 127.0.0.1 (signatures checked) with the bucket ``training``; stopped at
+    the end of the session, leaving no thread or port behind (checked)."""
+    from s3server import S3Server  # moto and boto3 load only when an S3 test runs
+
+    server = S3Server().start()
+    port = int(server.endpoint.rsplit(":", 1)[1])
+    try:
+        server.client().create_bucket(Bucket="training")
+        yield server
+    finally:
+        server.stop()
+    assert not server.threads(), server.threads()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+@pytest.fixture(scope="session")
+def s3_ids_503(s3) -> str:
+    """503 rows on the S3 server in 3 fragments (200, 200, 103 rows): ``s3://training/ids503.lance``."""
+    return write_ids(
+        "s3://training/ids503.lance", 503, rows_per_file=200, storage_options=s3.storage_options()
+    )
+
+
+@pytest.fixture
+def fresh_s3_ids(s3, request):
+    """A factory for a new dataset on the S3 server, under this test's own prefix (for tests that
+    modify it); returns its ``s3://`` URI."""
+    count = 0
+
+    def make(num_rows: int, *, rows_per_file: int = 1024) -> str:
+        nonlocal count
+        count += 1
+        uri = f"s3://training/{request.node.name}/data{count}.lance"
+        return write_ids(
+            uri, num_rows, rows_per_file=rows_per_file, storage_options=s3.storage_options()
+        )
 
     return make

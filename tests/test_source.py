@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import traceback
 
 import lance
 import numpy as np
@@ -124,3 +125,45 @@ def test_redact_masks_every_secret_looking_spelling():
     options = {"apikey": "a", "privateKey": "b", "awsAccessKeyId": "c", "authorization": "d",
                "azure_storage_sas_token": "e", "region": "us-east-1"}  # fmt: skip
     assert redact(options) == {k: "***" for k in options if k != "region"} | {"region": "us-east-1"}
+
+
+QUOTING = {"aws_access_key_id": "AKIAQUOTED", "aws_secret_access_key": "s3cr3t-value",
+           "aws_region": "us-east-1"}  # fmt: skip
+
+
+class _QuotingDataset:
+    """Stands in for an open dataset whose take fails with a message that quotes a credential."""
+
+    def take(self, indices, columns):
+        raise ValueError("signing with s3cr3t-value for AKIAQUOTED failed")
+
+
+def test_a_read_error_quoting_a_secret_is_re_raised_without_it(ids_25, monkeypatch):
+    source = LanceSource(ids_25, columns=["id"], storage_options=QUOTING)
+    monkeypatch.setattr(source, "_dataset", _QuotingDataset())
+    with pytest.raises(ValueError, match=r"^signing with \*\*\* for \*\*\* failed$") as info:
+        source.take(np.array([1]))
+    text = "".join(traceback.format_exception(info.value))
+    assert "s3cr3t-value" not in text and "AKIAQUOTED" not in text
+
+
+@pytest.mark.parametrize(
+    "lance_message,error,message",
+    [
+        ("Server returned non-2xx status code: 403 Forbidden: <AWSAccessKeyId>AKIAQUOTED</AWSAccessKeyId>",
+         PermissionError, r"^source: the object store refused the credentials for 's3://b/d\.lance' \(LanceError"),
+        ("Invalid value for storage option 'x': 's3cr3t-value'", ValueError,
+         r"^LanceError\(IO\): Invalid value for storage option 'x': '\*\*\*'$"),
+    ],
+)  # fmt: skip
+def test_an_open_error_quoting_a_secret_is_raised_without_it(
+    monkeypatch, lance_message, error, message
+):
+    def failing_open(uri, **kwargs):
+        raise ValueError(f"LanceError(IO): {lance_message}")
+
+    monkeypatch.setattr(lance, "dataset", failing_open)
+    with pytest.raises(error, match=message) as info:
+        LanceSource("s3://b/d.lance", storage_options=QUOTING)
+    text = "".join(traceback.format_exception(info.value))
+    assert "s3cr3t-value" not in text and "AKIAQUOTED" not in text

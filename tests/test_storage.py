@@ -1,0 +1,159 @@
+"""Tests for lance_prefetch._storage: secret handling, S3 option checks, the endpoint probe and the
+explanation of Lance's open errors (Lance's messages as pylance 14 words them; no server needed)."""
+
+from __future__ import annotations
+
+import pytest
+from s3server import SilentServer, closed_port
+
+from lance_prefetch._storage import (
+    check_s3_options,
+    explain_open_error,
+    is_s3,
+    probe_endpoint,
+    redact,
+    scrub,
+)
+
+SECRETS = {"aws_access_key_id": "AKIAEXAMPLE", "aws_secret_access_key": "s3cr3t/with+chars",
+           "aws_session_token": "FQoGtok", "aws_endpoint": "http://127.0.0.1:9000",
+           "aws_region": "us-east-1", "allow_http": "true"}  # fmt: skip
+URI = "s3://bucket/data.lance"
+
+# Lance's messages (pylance 14.0.2), with the XML S3-compatible servers send.
+NO_SUCH_BUCKET = (
+    "LanceError(IO): Generic S3 error: Error performing list request: Error performing GET "
+    "http://127.0.0.1:9000/bucket?list-type=2&prefix=data.lance%2F_versions%2F in 4.6ms - Server "
+    'returned non-2xx status code: 404 Not Found: <?xml version="1.0" encoding="utf-8"?>\n'
+    "<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message>"
+    "<BucketName>bucket</BucketName></Error>, /home/runner/work/lance/rust/lance-io/src/object_store.rs:1576:42"
+)
+BAD_SIGNATURE = (
+    "LanceError(IO): Generic S3 error: Error performing list request: Error performing GET "
+    "http://127.0.0.1:9000/bucket?list-type=2 in 6.5ms - Server returned non-2xx status code: 403 "
+    "Forbidden: <Error><Code>SignatureDoesNotMatch</Code><Message>The request signature we "
+    "calculated does not match the signature you provided.</Message><AWSAccessKeyId>AKIAEXAMPLE"
+    "</AWSAccessKeyId></Error>, /home/runner/work/lance/rust/lance-io/src/object_store.rs:1576:42"
+)
+REFUSED = (
+    "LanceError(IO): Generic S3 error: Error performing list request: Error performing GET "
+    "http://127.0.0.1:9000/bucket?list-type=2&prefix=data.lance%2F_versions%2F in 459ms, after 3 "
+    "retries, max_retries: 3, retry_timeout: 180s  - HTTP error: error sending request, "
+    "/home/runner/work/lance/rust/lance-io/src/object_store.rs:1576:42"
+)
+NO_DATASET = (
+    "Dataset at path data.lance was not found: Not found: data.lance/_versions, "
+    "/home/runner/work/lance/rust/lance-table/src/io/commit.rs:653:26"
+)
+NO_CREDENTIALS = (
+    "LanceError(IO): Generic N/A error: LanceError(IO): Failed to get AWS credentials: "
+    "ProviderError(...), /home/runner/work/lance/rust/lance-io/src/object_store/providers/aws.rs:630:30"
+)
+
+
+def test_redact_and_scrub_hide_every_secret_value():
+    assert redact(SECRETS) == {**SECRETS, "aws_access_key_id": "***",
+                               "aws_secret_access_key": "***", "aws_session_token": "***"}  # fmt: skip
+    text = "key AKIAEXAMPLE secret s3cr3t/with+chars token FQoGtok at http://127.0.0.1:9000"
+    assert scrub(text, SECRETS) == "key *** secret *** token *** at http://127.0.0.1:9000"
+    assert scrub(text, None) == text
+    assert scrub("nothing here", {"aws_secret_access_key": ""}) == "nothing here"
+
+
+@pytest.mark.parametrize(
+    "uri,expected",
+    [("s3://b/p", True), ("S3://b/p", True), ("s3a://b/p", True), ("s3+ddb://b/p?ddbTableName=t", True),
+     ("gs://b/p", False), ("/tmp/data.lance", False), ("file:///tmp/x", False), ("data.lance", False)],
+)  # fmt: skip
+def test_is_s3(uri, expected):
+    assert is_s3(uri) is expected
+
+
+def test_s3_options_that_pass_return_the_endpoint(monkeypatch):
+    monkeypatch.delenv("AWS_ALLOW_HTTP", raising=False)
+    assert check_s3_options(None) is None
+    assert check_s3_options({"aws_region": "us-east-1"}) is None  # AWS's own endpoints
+    assert check_s3_options(SECRETS) == ("aws_endpoint", "http://127.0.0.1:9000")
+    https = {"endpoint": "https://minio.example.com"}
+    assert check_s3_options(https) == ("endpoint", "https://minio.example.com")
+    assert check_s3_options({"endpoint_url": "http://h:1", "aws_allow_http": "1"}) == (
+        "endpoint_url", "http://h:1")  # fmt: skip
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    assert check_s3_options({"aws_endpoint_url": "http://h:1"}) == (
+        "aws_endpoint_url",
+        "http://h:1",
+    )
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"aws_endpoint": "http://127.0.0.1:9000"}, r"^storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000' is plain http, which Lance refuses unless allowed: add storage_options\['allow_http'\]='true' \(or use https\)$"),
+        ({"aws_endpoint": "http://h:1", "allow_http": "false"}, r"is plain http, which Lance refuses unless allowed"),
+        ({"endpoint": "minio:9000"}, r"^storage_options\['endpoint'\] should be an http:// or https:// URL with a host, like 'https://minio\.example\.com:9000', but got 'minio:9000'$"),
+        ({"aws_endpoint": "ftp://h"}, r"should be an http:// or https:// URL with a host"),
+        ({"aws_endpoint": "http://"}, r"should be an http:// or https:// URL with a host"),
+    ],
+)  # fmt: skip
+def test_s3_options_that_cannot_work_are_refused(monkeypatch, options, message):
+    monkeypatch.delenv("AWS_ALLOW_HTTP", raising=False)
+    with pytest.raises(ValueError, match=message):
+        check_s3_options(options)
+
+
+def test_probe_refused_port_fails_at_once():
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    with pytest.raises(
+        ConnectionError,
+        match=r"^storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:\d+' is not reachable: "
+        r"nothing accepts connections at 127\.0\.0\.1:\d+ \(connection refused\); check the host, "
+        r"port and scheme of the S3-compatible endpoint for 's3://bucket/data\.lance', and that "
+        r"its server is running$",
+    ):
+        probe_endpoint("aws_endpoint", endpoint, URI, None)
+
+
+def test_probe_waits_at_most_connect_timeout_and_skips_behind_a_proxy(monkeypatch):
+    for name in (
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    with SilentServer() as silent:
+        endpoint = f"http://127.0.0.1:{silent.port}"
+        with pytest.raises(ConnectionError, match=r"is not reachable: no answer within 0\.3 s;"):
+            probe_endpoint("aws_endpoint", endpoint, URI, {"connect_timeout": "300ms"})
+        probe_endpoint("aws_endpoint", endpoint, URI, {"proxy_url": "http://127.0.0.1:1"})
+        monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:1")
+        probe_endpoint("aws_endpoint", endpoint, URI, None)  # returns at once: not probed
+
+
+@pytest.mark.parametrize(
+    "lance_message,error,message",
+    [
+        (NO_SUCH_BUCKET, FileNotFoundError, r"^source: the bucket 'bucket' of 's3://bucket/data\.lance' does not exist at the endpoint storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000'; check the bucket name in source \(or the endpoint, if it points at another server\)$"),
+        (BAD_SIGNATURE, PermissionError, r"^source: the endpoint storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000' refused the credentials for 's3://bucket/data\.lance' \(SignatureDoesNotMatch: The request signature we calculated does not match the signature you provided\.\); check storage_options\['aws_access_key_id'\] and \['aws_secret_access_key'\] \(and \['aws_session_token'\] for temporary credentials\), and that they may read the bucket$"),
+        (NO_CREDENTIALS, PermissionError, r"^source: no AWS credentials were found for 's3://bucket/data\.lance'; pass storage_options\['aws_access_key_id'\] and \['aws_secret_access_key'\]"),
+        (NO_DATASET, FileNotFoundError, r"^source: no Lance dataset at 's3://bucket/data\.lance'; check the path"),
+        (REFUSED, ConnectionError, r"^source: could not reach the endpoint storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000' for 's3://bucket/data\.lance' \(LanceError\(IO\): .* HTTP error: error sending request\); check storage_options\['aws_endpoint'\] \(scheme, host and port\) and, for plain http, storage_options\['allow_http'\]='true'$"),
+    ],
+    ids=["no-such-bucket", "bad-signature", "no-credentials", "no-dataset", "refused"],
+)  # fmt: skip
+def test_lance_open_errors_are_explained_without_secrets(lance_message, error, message):
+    explained = explain_open_error(ValueError(lance_message), URI, SECRETS)
+    assert type(explained) is error
+    with pytest.raises(error, match=message):
+        raise explained
+    for secret in ("AKIAEXAMPLE", "s3cr3t/with+chars"):
+        assert secret not in str(explained)
+    assert ".rs:" not in str(explained)  # no Rust source locations
+
+
+def test_unknown_errors_are_left_to_the_caller():
+    assert explain_open_error(ValueError("Invalid value for storage option 'x'"), URI, None) is None
+    # a local path: only "not found" is explained, never as an S3 connection problem
+    assert explain_open_error(OSError("error sending request"), "/tmp/x.lance", None) is None
