@@ -8,6 +8,7 @@ them concurrently in the background and :mod:`~lance_prefetch.convert` turns eac
 from __future__ import annotations
 
 import functools
+import multiprocessing.context
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ._validate import check_bool, check_int
 from .convert import check_schema, to_tensors
-from .epochs import Decision, EpochControl, Progress, iteration_ident
+from .epochs import MAX_EPOCH, Decision, EpochControl, Progress, iteration_ident
 from .sampling import EpochPlan, PlannedBatch
 from .scheduling import BlockingPrefetcher, check_depths
 from .source import LanceSource, redact
@@ -180,6 +181,7 @@ class PrefetchLoader(IterableDataset):
         self.transform = transform
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._iterations = 0  # iterations started by this copy (identifies a worker's iteration)
+        self._token = 0  # stamped when pickled for new DataLoader workers (see epochs.py)
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
         self._progress: Progress | None = None  # the latest iteration in this process
         self._iterators: weakref.WeakSet[BlockingPrefetcher[Any]] = weakref.WeakSet()
@@ -236,7 +238,10 @@ class PrefetchLoader(IterableDataset):
         Raises:
             TypeError, ValueError: ``epoch`` is not an integer ``>= 0``.
         """
-        self._control.set_epoch(check_int("epoch", epoch, minimum=0))
+        epoch = check_int("epoch", epoch, minimum=0)
+        if epoch > MAX_EPOCH:
+            raise ValueError(f"epoch should be <= 2**62, but got epoch={epoch}")
+        self._control.set_epoch(epoch)
 
     def epoch_plan(self, epoch: int | None = None, *, start: int = 0) -> EpochPlan:
         """The :class:`~lance_prefetch.sampling.EpochPlan` for ``epoch`` (default: :attr:`epoch`),
@@ -358,19 +363,26 @@ class PrefetchLoader(IterableDataset):
         worker = get_worker_info()
         saved_by = state.get("worker")
         if saved_by is not None:
-            if (
-                worker is None
-                or (worker.id, worker.num_workers)
-                != (
-                    saved_by["id"],
-                    saved_by["num_workers"],
-                )
-                or state["world_size"] != self.world_size
-            ):
+            here = None if worker is None else (worker.id, worker.num_workers)
+            if here != (saved_by["id"], saved_by["num_workers"]):
                 raise ValueError(
                     f"state holds only the share of DataLoader worker {saved_by['id']} of "
-                    f"{saved_by['num_workers']} (world_size={state['world_size']}); merge the "
-                    f"workers' states with lance_prefetch.state_from_dataloader() and load that"
+                    f"{saved_by['num_workers']}, but it is loaded "
+                    + (
+                        "outside DataLoader workers"
+                        if here is None
+                        else f"in worker {here[0]} of {here[1]}"
+                    )
+                    + "; merge the workers' states with lance_prefetch.state_from_dataloader() "
+                    "and load that into the loader before the DataLoader starts"
+                )
+            if state["world_size"] != self.world_size:
+                raise ValueError(
+                    f"state holds a DataLoader worker's share saved with "
+                    f"world_size={state['world_size']}, but this loader has "
+                    f"world_size={self.world_size}; to resume on another number of ranks, merge "
+                    f"the workers' states with lance_prefetch.state_from_dataloader() and load "
+                    f"that into the loader before the DataLoader starts"
                 )
             start = saved_by["start"]
             skip = (position - start) // self.world_size
@@ -378,8 +390,7 @@ class PrefetchLoader(IterableDataset):
         elif worker is not None:  # a whole state loaded inside one worker: for this copy only
             self._worker_resume = (Decision(epoch, position), 0)
         else:
-            finished = self.epoch_plan(epoch, start=position).batches_per_rank == 0
-            self._control.load(epoch, position, finished=finished)
+            self._control.load(epoch, position)
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -402,14 +413,15 @@ class PrefetchLoader(IterableDataset):
         if worker is None:
             ident, worker_id, num_workers = iteration_ident(), 0, 1
         else:
-            ident = iteration_ident(worker.seed, worker.id, self._iterations)
+            token = self._token or worker.seed - worker.id  # the DataLoader's base seed
+            ident = iteration_ident(token, self._iterations, worker.num_workers)
             worker_id, num_workers = worker.id, worker.num_workers
         resume, self._worker_resume = self._worker_resume, None
         if resume is not None:
             decision, skip = resume
-            self._control.begin(ident, num_workers, forced=decision)
+            self._control.begin(ident, self._token, forced=decision)
         else:
-            decision, skip = self._control.begin(ident, num_workers), 0
+            decision, skip = self._control.begin(ident, self._token), 0
         plan = self.epoch_plan(decision.epoch, start=decision.start)
         batches = plan.rank_batches(
             self.rank, worker_id=worker_id, num_workers=num_workers, skip=skip
@@ -466,6 +478,8 @@ class PrefetchLoader(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_iterators"], state["_progress"]  # this process's iterations
+        if multiprocessing.context.get_spawning_popen() is not None:  # for a new worker process
+            state["_token"], state["_iterations"] = self._control.new_token(), 0
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 A :class:`~lance_prefetch.PrefetchLoader` is copied into every DataLoader worker process, and a
 persistent worker keeps its copy for the whole run, so the main process and the copies must agree
-on the epoch without talking to each other. They share one small :class:`EpochControl`: seven
+on the epoch without talking to each other. They share one small :class:`EpochControl`: a block of
 integers in shared memory (a torch tensor, which torch's multiprocessing pickler hands to spawned
 workers as shared memory) and an inter-process lock.
 
@@ -10,16 +10,21 @@ The rules
 ---------
 1. ``set_epoch(e)`` (in any process, normally the main one) selects epoch ``e`` for the next
    iteration, read from its start; or from the position a state loaded for epoch ``e`` points to.
-2. ``load_state_dict`` selects the state's epoch and position for the next iteration. A state
-   saved after the epoch's last batch counts as a finished iteration: rule 3 then moves on.
+2. ``load_state_dict`` selects the state's epoch and position for the next iteration (a state
+   saved after the epoch's last batch leaves nothing of it: that iteration is empty).
 3. Otherwise a new iteration reads the epoch after the previous iteration's, from its start, so
    epochs never silently repeat.
 
-An *iteration* is one ``iter()`` in one process, or one DataLoader ``iter()`` across all its
-workers: the ``K`` workers identify it by the DataLoader's per-iteration base seed (and, for
-persistent workers, the number of iterations their copy has run), so the first of them to start
-decides by the rules above and the others join that decision. A pure function, :func:`begin`, holds
-the rules; :class:`EpochControl` applies it to the shared block under the lock.
+An *iteration* is one ``iter()`` in one process, or one DataLoader ``iter()`` across all its ``K``
+workers. The workers of one DataLoader iteration must share one decision, even if one of them
+starts late (after another already began the next iteration, as persistent workers can). So each
+decision is recorded under the iteration's identity in a small table, and a worker that finds its
+identity there joins that decision. The identity is ``(token, count, K)``: ``token`` is stamped on
+the loader when the DataLoader pickles it for its new worker processes (one token for all the
+copies it starts together, a new one once any copy began an iteration), and ``count`` numbers the
+iterations a copy has run (persistent workers run several). In the main process every iteration
+is new. :func:`begin` holds the rules as a pure function; :class:`EpochControl` applies it to the
+shared block under the lock.
 """
 
 from __future__ import annotations
@@ -32,21 +37,33 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["Decision", "EpochControl", "LOCK_TIMEOUT_S", "Progress", "begin", "iteration_ident"]
+__all__ = [
+    "LOCK_TIMEOUT_S",
+    "MAX_EPOCH",
+    "Decision",
+    "EpochControl",
+    "Progress",
+    "begin",
+    "iteration_ident",
+    "new_token",
+]
 
 #: How long an iteration start waits for the shared lock, in seconds, before failing loudly.
 LOCK_TIMEOUT_S = 10.0
+#: The largest epoch number (the shared block holds 64-bit integers and must count one past it).
+MAX_EPOCH = 2**62
 
 # The shared block's fields. Invariant: EPOCH is the epoch of the running or most recent iteration
 # when ADVANCE == 1, and the epoch the next iteration reads when ADVANCE == 0.
 EPOCH = 0  # epoch selected or last decided
 START = 1  # pending start position from load_state_dict, or -1 for none
 ADVANCE = 2  # 1: an iteration began since the last set_epoch/load, so the next one moves on
-IDENT = 3  # identity of the iteration that decided last (0: none yet)
-JOINED = 4  # processes that joined that decision so far
-DECIDED_EPOCH = 5  # the decision they share
-DECIDED_START = 6
-_NUM_FIELDS = 7
+TOKEN = 3  # the token stamped on copies pickled for new DataLoader workers (0: none yet)
+TOKEN_USED = 4  # 1: a copy with that token began an iteration; the next pickling gets a new token
+NEXT_SLOT = 5  # where the next decision is recorded
+SLOTS = 6  # then SLOT_COUNT decisions of (ident, epoch, start), a ring
+SLOT_COUNT = 32
+_NUM_FIELDS = SLOTS + 3 * SLOT_COUNT
 _IDENT_MASK = (1 << 62) - 1
 
 
@@ -58,14 +75,14 @@ class Decision(NamedTuple):
 
 
 def begin(
-    block: Sequence[int], ident: int, num_workers: int, forced: Decision | None = None
+    block: Sequence[int], ident: int, token: int = 0, forced: Decision | None = None
 ) -> tuple[list[int], Decision]:
     """Apply the module's rules: the shared block after an iteration starts, and what it reads.
 
     Args:
         block: the current shared fields (see the field constants).
         ident (int): the iteration's identity, ``> 0``; equal for all workers of one iteration.
-        num_workers (int): how many processes start this iteration (DataLoader workers, else 1).
+        token (int, optional): the pickling token of the starting copy (``0``: none).
         forced (Decision, optional): a worker resuming from its own saved state reads this instead
             (it is recorded so later iterations move on from it).
 
@@ -73,11 +90,11 @@ def begin(
         ``(new_block, decision)``.
     """
     new = list(block)
-    if new[IDENT] == ident and new[JOINED] < num_workers:  # join the iteration's decision
-        new[JOINED] += 1
-        if forced is None:
-            return new, Decision(new[DECIDED_EPOCH], new[DECIDED_START])
-        return new, forced
+    if token and token == new[TOKEN]:
+        new[TOKEN_USED] = 1
+    for slot in range(SLOTS, _NUM_FIELDS, 3):
+        if new[slot] == ident:  # another process of this iteration decided already: join it
+            return new, forced or Decision(new[slot + 1], new[slot + 2])
     if forced is not None:
         decision = forced
     elif new[ADVANCE]:
@@ -85,22 +102,31 @@ def begin(
     else:
         decision = Decision(new[EPOCH], max(new[START], 0))
     new[EPOCH], new[START], new[ADVANCE] = decision.epoch, -1, 1
-    new[IDENT], new[JOINED] = ident, 1
-    new[DECIDED_EPOCH], new[DECIDED_START] = decision
+    slot = SLOTS + 3 * new[NEXT_SLOT]
+    new[slot : slot + 3] = [ident, *decision]
+    new[NEXT_SLOT] = (new[NEXT_SLOT] + 1) % SLOT_COUNT
     return new, decision
 
 
-def iteration_ident(worker_seed: int | None = None, worker_id: int = 0, count: int = 0) -> int:
+def new_token(block: Sequence[int]) -> tuple[list[int], int]:
+    """The token for copies pickled now: the current one until a copy began an iteration with it."""
+    new = list(block)
+    if new[TOKEN] == 0 or new[TOKEN_USED]:
+        new[TOKEN], new[TOKEN_USED] = secrets.randbits(62) | 1, 0
+    return new, new[TOKEN]
+
+
+def iteration_ident(token: int | None = None, count: int = 0, num_workers: int = 1) -> int:
     """An iteration's identity, ``> 0``.
 
-    In a DataLoader worker, pass ``get_worker_info().seed`` and ``.id`` and the number of
-    iterations this copy has started: every worker of one DataLoader iteration gets the same value
-    (the base seed ``seed - id`` is drawn once per DataLoader iterator). In the main process
-    (``worker_seed=None``) a random value.
+    In a DataLoader worker, pass the copy's pickling token (or, without one, the DataLoader's base
+    seed ``get_worker_info().seed - id``), the number of iterations the copy has started, and
+    ``num_workers``: every worker of one DataLoader iteration gets the same value. In the main
+    process (``token=None``) a random value.
     """
-    if worker_seed is None:
+    if token is None:
         return secrets.randbits(62) | 1
-    return (hash((worker_seed - worker_id, count)) & _IDENT_MASK) | 1
+    return (hash((token, count, num_workers)) & _IDENT_MASK) | 1
 
 
 class EpochControl:
@@ -115,7 +141,9 @@ class EpochControl:
     """
 
     def __init__(self, epoch: int = 0) -> None:
-        self._block = torch.tensor([epoch, -1, 0, 0, 0, epoch, 0], dtype=torch.int64)
+        block = [0] * _NUM_FIELDS
+        block[EPOCH], block[START] = epoch, -1
+        self._block = torch.tensor(block, dtype=torch.int64)
         self._block.share_memory_()
         self._lock = multiprocessing.get_context("spawn").Lock()
 
@@ -127,18 +155,24 @@ class EpochControl:
                 block[START] = -1
             block[EPOCH], block[ADVANCE] = epoch, 0
 
-    def load(self, epoch: int, position: int, *, finished: bool) -> None:
-        """Rule 2: the next iteration reads ``epoch`` from ``position``; ``finished``: the state was
-        saved after the epoch's last batch, so without ``set_epoch`` the next iteration moves on."""
+    def load(self, epoch: int, position: int) -> None:
+        """Rule 2: the next iteration reads ``epoch`` from ``position``."""
         with self._locked() as block:
-            block[EPOCH], block[START], block[ADVANCE] = epoch, position, int(finished)
+            block[EPOCH], block[START], block[ADVANCE] = epoch, position, 0
 
-    def begin(self, ident: int, num_workers: int, forced: Decision | None = None) -> Decision:
+    def begin(self, ident: int, token: int = 0, forced: Decision | None = None) -> Decision:
         """Start an iteration: decide (or join the decision of) what it reads. See :func:`begin`."""
         with self._locked() as block:
-            new, decision = begin(block, ident, num_workers, forced)
+            new, decision = begin(block, ident, token, forced)
             block[:] = new
         return decision
+
+    def new_token(self) -> int:
+        """A token for copies being pickled for new DataLoader workers. See :func:`new_token`."""
+        with self._locked() as block:
+            new, token = new_token(block)
+            block[:] = new
+        return token
 
     # -- queries ---------------------------------------------------------------------------------
     @property
@@ -149,14 +183,16 @@ class EpochControl:
     def pending(self) -> Decision | None:
         """What the next iteration reads if it was selected (set_epoch, load_state_dict, or a new
         loader) rather than left to rule 3; else ``None``."""
-        block = self._block.tolist()
-        if block[ADVANCE] == 0 or block[START] >= 0:
-            return Decision(block[EPOCH], max(block[START], 0))
+        epoch, start, advance = self._block[:3].tolist()
+        if advance == 0:
+            return Decision(epoch, max(start, 0))
         return None
 
     def decided_by(self, ident: int) -> bool:
-        """Whether the latest iteration is the one identified by ``ident``."""
-        return int(self._block[IDENT]) == ident
+        """Whether the latest decision is the one of the iteration identified by ``ident``."""
+        block = self._block.tolist()
+        latest = SLOTS + 3 * ((block[NEXT_SLOT] - 1) % SLOT_COUNT)
+        return block[latest] == ident
 
     # -- internals -------------------------------------------------------------------------------
     def _locked(self) -> _Locked:
@@ -176,19 +212,8 @@ class EpochControl:
             self._lock = state["lock"]
 
     def __repr__(self) -> str:
-        return f"EpochControl({dict(zip(_FIELD_NAMES, self._block.tolist(), strict=True))})"
-
-
-_FIELD_NAMES = (
-    "epoch",
-    "start",
-    "advance",
-    "ident",
-    "joined",
-    "decided_epoch",
-    "decided_start",
-)
-assert len(_FIELD_NAMES) == _NUM_FIELDS
+        epoch, start, advance = self._block[:3].tolist()
+        return f"EpochControl(epoch={epoch}, start={start}, advance={advance})"
 
 
 class _Locked:

@@ -19,10 +19,11 @@ resume with other ``num_workers`` or ``world_size``, merge them with :func:`stat
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
-from .sampling import EpochPlan
+from .epochs import MAX_EPOCH
 
 __all__ = ["FORMAT_VERSION", "check_state", "make_state", "state_from_dataloader"]
 
@@ -117,7 +118,11 @@ def check_state(
             f"lance-prefetch reads format {FORMAT_VERSION}"
         )
     matched = [k for k in MATCHED if not (k == "version" and allow_version_change)]
-    mismatches = [k for k in matched if state[k] != expected[k]]
+    mismatches = [
+        k
+        for k in matched
+        if (_same_uri(state[k], expected[k]) if k == "uri" else state[k] == expected[k]) is False
+    ]
     if mismatches:
         details = "; ".join(
             f"{k} is {state[k]!r} in the state but {expected[k]!r} in this loader"
@@ -135,13 +140,16 @@ def check_state(
     for key in ("epoch", "position"):
         if state[key] < 0:
             raise ValueError(f"state[{key!r}] should be >= 0, but got {state[key]}")
+    if state["epoch"] > MAX_EPOCH:
+        raise ValueError(f"state['epoch'] should be <= 2**62, but got {state['epoch']}")
     if state["world_size"] < 1:
         raise ValueError(f"state['world_size'] should be >= 1, but got {state['world_size']}")
     limit = _max_position(state)
     if state["position"] > limit:
         raise ValueError(
-            f"state['position']={state['position']} is past the end of the epoch ({limit} global "
-            f"batches of {state['batch_size']} rows over {state['num_rows']} rows)"
+            f"state['position']={state['position']} is past the end of any epoch of "
+            f"{state['num_rows']} rows in batches of {state['batch_size']} (at most {limit} global "
+            f"batches with drop_last={state['drop_last']} and world_size={state['world_size']})"
         )
     if "worker" in state:
         _check_worker(state)
@@ -194,19 +202,32 @@ def state_from_dataloader(dataloader_state: Mapping[str, Any]) -> dict[str, Any]
     return merged
 
 
+def _same_uri(saved: str, current: str) -> bool:
+    """Whether two URIs name the same dataset: local paths compare resolved (``./x.lance``,
+    ``x.lance``, ``file:///abs/x.lance`` and the absolute path are one), others as written."""
+
+    def local(uri: str) -> str | None:
+        if uri.startswith("file://"):
+            return os.path.realpath(uri[len("file://") :])
+        return None if "://" in uri else os.path.realpath(uri)
+
+    if saved == current:
+        return True
+    return local(saved) is not None and local(saved) == local(current)
+
+
 def _max_position(state: Mapping[str, Any]) -> int:
-    """The largest position an epoch of this dataset can reach, for any world size it saw."""
-    num_rows, batch_size = state["num_rows"], state["batch_size"]
-    limit = math.ceil(num_rows / batch_size)
-    if not state["drop_last"]:  # padding can give every rank a batch even of a few rows
-        plan = EpochPlan(
-            num_rows=max(num_rows, 1),
-            batch_size=batch_size,
-            world_size=state["world_size"],
-            drop_last=False,
-        )
-        limit = max(limit, plan.num_batches)
-    return limit
+    """The largest position an epoch can end at (see :mod:`lance_prefetch.sampling`).
+
+    Full batches cover ``batch_size`` rows each, so at most ``ceil(num_rows / batch_size)`` of
+    them; with ``drop_last=False`` the last round then gives each of the ``world_size`` ranks a
+    (padded) batch, starting with rows left: at most ``ceil(num_rows / batch_size) - 1`` full
+    batches before it, whichever world sizes came before.
+    """
+    full = math.ceil(state["num_rows"] / state["batch_size"])
+    if state["drop_last"]:
+        return state["num_rows"] // state["batch_size"]
+    return max(full, full - 1 + state["world_size"])
 
 
 def _check_worker(state: Mapping[str, Any]) -> None:

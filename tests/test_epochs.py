@@ -8,79 +8,97 @@ import pickle
 from lance_prefetch.epochs import (
     ADVANCE,
     EPOCH,
+    SLOT_COUNT,
     START,
+    TOKEN,
+    TOKEN_USED,
     Decision,
     EpochControl,
     Progress,
     begin,
     iteration_ident,
+    new_token,
 )
 
-FRESH = [0, -1, 0, 0, 0, 0, 0]
+FRESH = EpochControl()._block.tolist()
 
 
-def run(block, *starts):
-    """Apply ``begin`` for each ``(ident, num_workers)``; the decisions in order."""
+def run(block, *idents):
+    """Apply ``begin`` for each iteration identity in turn; the decisions in order."""
     decisions = []
-    for ident, num_workers in starts:
-        block, decision = begin(block, ident, num_workers)
+    for ident in idents:
+        block, decision = begin(block, ident)
         decisions.append(decision)
     return block, decisions
 
 
 def test_a_new_loader_reads_epoch_0_then_advances_every_iteration():
-    _, decisions = run(FRESH, (11, 1), (12, 1), (13, 1))
+    _, decisions = run(FRESH, 11, 12, 13)
     assert decisions == [Decision(0, 0), Decision(1, 0), Decision(2, 0)]
 
 
 def test_the_workers_of_one_iteration_share_one_decision():
     """3 workers start each of 2 DataLoader iterations: one epoch per iteration, not per worker."""
-    _, decisions = run(FRESH, (7, 3), (7, 3), (7, 3), (8, 3), (8, 3), (8, 3))
+    _, decisions = run(FRESH, 7, 7, 7, 8, 8, 8)
     assert decisions == [Decision(0, 0)] * 3 + [Decision(1, 0)] * 3
 
 
-def test_a_repeated_identity_after_all_workers_joined_is_a_new_iteration():
-    """E.g. a user re-seeding torch identically every epoch repeats the DataLoader's base seed."""
-    _, decisions = run(FRESH, (7, 2), (7, 2), (7, 2), (7, 2))
-    assert decisions == [Decision(0, 0)] * 2 + [Decision(1, 0)] * 2
+def test_a_late_worker_joins_its_own_iteration_after_the_next_one_began():
+    """Persistent workers: worker 1 starts iteration 7 only after worker 0 began iteration 8."""
+    _, decisions = run(FRESH, 7, 8, 7, 8)
+    assert decisions == [Decision(0, 0), Decision(1, 0), Decision(0, 0), Decision(1, 0)]
+    # decisions are remembered for the last SLOT_COUNT iterations
+    block, _ = run(FRESH, *range(100, 100 + SLOT_COUNT))
+    assert begin(block, 100)[1] == Decision(0, 0)
+    block, _ = run(block, 999)
+    assert begin(block, 100)[1] == Decision(SLOT_COUNT + 1, 0)  # forgotten: a new iteration
+
+
+def test_one_token_per_batch_of_copies():
+    """Copies pickled together share a token; once one of them began, the next pickling gets a
+    new token (so a new DataLoader never joins an old iteration)."""
+    block, first = new_token(FRESH)
+    block, again = new_token(block)
+    assert first == again and block[TOKEN] == first and block[TOKEN_USED] == 0
+    block, _ = begin(block, iteration_ident(first, 1, 2), first)
+    assert block[TOKEN_USED] == 1
+    block, second = new_token(block)
+    assert second != first and block[TOKEN_USED] == 0
 
 
 def test_set_epoch_and_load_through_the_control():
     control = EpochControl()
     control.set_epoch(5)
     assert control.pending() == Decision(5, 0) and control.epoch == 5
-    assert control.begin(iteration_ident(), 1) == Decision(5, 0)
+    assert control.begin(iteration_ident()) == Decision(5, 0)
     assert control.pending() is None and control.epoch == 5
-    assert control.begin(iteration_ident(), 1) == Decision(6, 0)  # no set_epoch: moves on
-    control.load(2, 34, finished=False)
+    assert control.begin(iteration_ident()) == Decision(6, 0)  # no set_epoch: moves on
+    control.load(2, 34)
     control.set_epoch(2)  # the loaded epoch: its position is kept
     assert control.pending() == Decision(2, 34)
     control.set_epoch(3)  # another epoch: from its start
-    assert control.begin(iteration_ident(), 1) == Decision(3, 0)
+    assert control.begin(iteration_ident()) == Decision(3, 0)
 
 
-def test_a_state_saved_at_an_epochs_end_moves_on_unless_its_epoch_is_set():
+def test_a_state_saved_at_an_epochs_end_leaves_an_empty_rest_then_moves_on():
     control = EpochControl()
-    control.load(4, 100, finished=True)
-    assert control.begin(iteration_ident(), 1) == Decision(5, 0)
-    control.load(4, 100, finished=True)
-    control.set_epoch(4)  # the user's loop re-enters epoch 4: nothing is left of it
-    assert control.begin(iteration_ident(), 1) == Decision(4, 100)
+    control.load(4, 100)
+    assert control.begin(iteration_ident()) == Decision(4, 100)  # nothing left of epoch 4
+    assert control.begin(iteration_ident()) == Decision(5, 0)
 
 
 def test_a_worker_resuming_its_own_share_is_recorded_for_the_next_iteration():
-    block, decision = begin(FRESH, 9, 2, forced=Decision(3, 40))
+    block, decision = begin(FRESH, 9, forced=Decision(3, 40))
     assert decision == Decision(3, 40)
-    block, decision = begin(block, 9, 2, forced=Decision(3, 40))  # the other worker
+    block, decision = begin(block, 9, forced=Decision(3, 40))  # the other worker
     assert decision == Decision(3, 40)
-    assert begin(block, 10, 2)[1] == Decision(4, 0)
+    assert begin(block, 10)[1] == Decision(4, 0)
 
 
-def test_worker_identities_agree_within_an_iteration_and_differ_across():
-    base = 123456789
-    same = {iteration_ident(base + w, w, 1) for w in range(4)}
-    assert len(same) == 1 and same.pop() > 0
-    assert iteration_ident(base, 0, 1) != iteration_ident(base, 0, 2)
+def test_worker_identities_differ_by_token_count_and_workers():
+    assert iteration_ident(5, 1, 2) == iteration_ident(5, 1, 2) > 0
+    assert len({iteration_ident(5, 1, 2), iteration_ident(6, 1, 2), iteration_ident(5, 2, 2),
+                iteration_ident(5, 1, 3)}) == 4  # fmt: skip
     assert iteration_ident() != iteration_ident()
 
 
@@ -91,8 +109,8 @@ def test_plain_copies_are_independent_snapshots():
         assert clone.epoch == 3
         clone.set_epoch(9)
         assert control.epoch == 3
-        clone.begin(iteration_ident(), 1)  # its own lock works
-    assert "'epoch': 3" in repr(control)
+        clone.begin(iteration_ident())  # its own lock works
+    assert repr(control) == "EpochControl(epoch=3, start=-1, advance=0)"
 
 
 def test_progress_counts_positions_of_delivered_batches():

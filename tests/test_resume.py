@@ -9,13 +9,25 @@ import concurrent.futures
 import itertools
 import json
 import multiprocessing
+import time
 
 import pytest
+import torch
 from helpers import batch_ids, collect, wait_until
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lance_prefetch import PrefetchLoader, state_from_dataloader
+
+
+class SlowFirstStart(PrefetchLoader):
+    """Worker 1 starts its first iteration 1.5 s late (a busy machine, made certain)."""
+
+    def __iter__(self):
+        worker = torch.utils.data.get_worker_info()
+        if worker is not None and worker.id == 1 and self._iterations == 0:
+            time.sleep(1.5)
+        return super().__iter__()
 
 
 def take(iterable, count: int) -> list[list[int]]:
@@ -113,11 +125,11 @@ def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(i
     assert state["epoch"] == 0 and state["position"] == 100  # saved after the last batch
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     loader.load_state_dict(state)
-    joined += collect(loader)  # without set_epoch, the epoch after the saved one
+    assert collect(loader) == []  # the rest of epoch 0: nothing
+    joined += collect(loader)  # then, without set_epoch, the next epoch
     assert loader.epoch == 1
     assert joined == expected
-    # The same end-of-epoch state, with a loop that calls set_epoch(saved epoch) first: nothing
-    # is left of epoch 0, then epoch 1 in full.
+    # The same with a loop that calls set_epoch(saved epoch), then set_epoch(next).
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     loader.load_state_dict(state)
     assert collect(loader, epoch=0) == [] and collect(loader, epoch=1) == expected[100:]
@@ -265,7 +277,8 @@ def test_another_version_needs_the_explicit_opt_in(ids_1003, fresh_ids):
         (lambda s: s.update(format_version=2), ValueError, "state['format_version'] is 2"),
         (lambda s: s.update(epoch=-1), ValueError, "state['epoch'] should be >= 0, but got -1"),
         (lambda s: s.update(position=1.5), TypeError, "state['position'] should be int, but got 1.5"),
-        (lambda s: s.update(position=102), ValueError, "state['position']=102 is past the end"),
+        (lambda s: s.update(position=101), ValueError, "state['position']=101 is past the end of any epoch of 1003 rows in batches of 10 (at most 100 global batches with drop_last=True and world_size=1)"),
+        (lambda s: s.update(epoch=2**62 + 1), ValueError, "state['epoch'] should be <= 2**62"),
         (lambda s: s.update(world_size=0), ValueError, "state['world_size'] should be >= 1"),
     ],
 )  # fmt: skip
@@ -283,8 +296,8 @@ def test_malformed_states_are_refused(ids_1003, change, error, message):
 def test_a_worker_share_is_refused_outside_its_worker(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     state = loader.state_dict() | {"worker": {"id": 1, "num_workers": 2, "start": 0}}
-    with pytest.raises(ValueError, match=r"only the share of DataLoader worker 1 of 2.*"
-                       r"state_from_dataloader"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"^state holds only the share of DataLoader worker 1 of "
+                       r"2, but it is loaded outside DataLoader workers; merge"):  # fmt: skip
         loader.load_state_dict(state)
     with pytest.raises(ValueError, match=r"^dataloader_state holds no PrefetchLoader"):
         state_from_dataloader({"_snapshot": {"_worker_snapshots": {}}})
@@ -342,3 +355,83 @@ def test_stateful_dataloader_without_workers(ids_1003):
     )
     restored.load_state_dict(saved)
     assert head + batch_ids(restored) == expected
+
+
+@pytest.mark.slow
+def test_a_late_persistent_worker_joins_its_own_iteration(ids_1003):
+    """Peek one batch (a common idiom), then epochs 0 and 1 with persistent workers, one of which
+    starts its first iteration after the other began the next one: each epoch is exact."""
+    loader = SlowFirstStart(ids_1003, 10, columns=["id"])
+    dataloader = DataLoader(
+        loader, batch_size=None, num_workers=2, multiprocessing_context="spawn",
+        persistent_workers=True,
+    )  # fmt: skip
+    next(iter(dataloader))
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert batch_ids(dataloader) == uninterrupted(ids_1003, epoch), epoch
+
+
+@pytest.mark.slow
+def test_new_dataloaders_with_the_same_seeded_generator_never_share_an_iteration(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    for epoch, num_workers in ((0, 2), (1, 3)):
+        dataloader = DataLoader(
+            loader, batch_size=None, num_workers=num_workers, multiprocessing_context="spawn",
+            generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        loader.set_epoch(epoch)
+        assert batch_ids(dataloader) == uninterrupted(ids_1003, epoch), epoch
+
+
+@pytest.mark.parametrize("after_stop", [False, True])
+def test_stateful_dataloader_restores_an_epochs_end(ids_1003, after_stop):
+    """StatefulDataLoader's own path, num_workers=0, saved after the epoch's last batch: before
+    its StopIteration the loop goes on with the saved epoch (empty), after it with the next."""
+    dataloader = StatefulDataLoader(PrefetchLoader(ids_1003, 10, columns=["id"]), batch_size=None)
+    iterator = iter(dataloader)
+    take(iterator, 100)
+    if after_stop:
+        assert take(iterator, 1) == []
+    saved = dataloader.state_dict()
+    del iterator
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    restored = StatefulDataLoader(loader, batch_size=None)
+    restored.load_state_dict(saved)
+    first = 1 if after_stop else 0
+    reads = []
+    for epoch in range(first, 3):
+        loader.set_epoch(epoch)
+        reads.append(batch_ids(restored))
+    assert reads == ([] if after_stop else [[]]) + [uninterrupted(ids_1003, e) for e in (1, 2)]
+
+
+def test_an_elastic_epochs_end_with_padding_loads(ids_1003):
+    """drop_last=False, 2 ranks stop at 34, 3 ranks finish the epoch (position 103 > 101 batches
+    of rows): that end state loads, leaves nothing of the epoch, and the next one follows."""
+    before = PrefetchLoader(ids_1003, 10, columns=["id"], rank=0, world_size=2, drop_last=False)
+    iterator = iter(before)
+    take(iterator, 17)
+    state = before.state_dict()
+    iterator.close()
+    for rank in range(3):
+        loader = PrefetchLoader(
+            ids_1003, 10, columns=["id"], rank=rank, world_size=3, drop_last=False
+        )
+        loader.load_state_dict(state)
+        assert len(collect(loader)) == 23
+    end = loader.state_dict()
+    assert end["position"] == 34 + 23 * 3 == 103
+    loader.load_state_dict(end)
+    assert collect(loader) == []
+    assert collect(loader) == uninterrupted(ids_1003, 1, rank=2, world_size=3, drop_last=False)
+
+
+def test_relative_and_absolute_paths_name_the_same_dataset(ids_1003, monkeypatch):
+    import os
+
+    state = PrefetchLoader(ids_1003, 10, columns=["id"]).state_dict()
+    monkeypatch.chdir(os.path.dirname(ids_1003))
+    relative = PrefetchLoader(os.path.basename(ids_1003), 10, columns=["id"])
+    relative.load_state_dict(state)
+    assert relative.state_dict()["position"] == 0 and relative.epoch == 0
