@@ -324,8 +324,8 @@ class PrefetchLoader(IterableDataset):
         replayed. The state may come from a job with another ``world_size`` or ``num_workers``:
         the rest of the epoch is then re-split over this job's ranks (rules in
         :mod:`lance_prefetch.sampling`), and every row is still delivered once. A state saved after
-        an epoch's last batch continues with the next epoch. It reaches DataLoader workers like
-        :meth:`set_epoch` does.
+        an epoch's last batch leaves an empty rest of that epoch; the iteration after reads the
+        next. It reaches DataLoader workers like :meth:`set_epoch` does.
 
         Args:
             state (Mapping): a dict from :meth:`state_dict` (or
@@ -338,6 +338,8 @@ class PrefetchLoader(IterableDataset):
         Raises:
             RuntimeError: an iterator of this loader is live in this process (exhaust or
                 :meth:`close` it first; the state applies to the next iterator).
+            ValueError: a DataLoader worker's share (from ``StatefulDataLoader``) loaded outside
+                that worker or with another ``world_size``.
             ValueError: the state is malformed, or belongs to another dataset, version, seed,
                 batch size or ``drop_last`` (the message names each mismatch), or it is a DataLoader
                 worker's share loaded outside that worker (merge with
