@@ -25,7 +25,7 @@ from .epochs import MAX_EPOCH, Decision, EpochControl, Progress, iteration_ident
 from .sampling import EpochPlan, PlannedBatch
 from .scheduling import BlockingPrefetcher, check_depths
 from .source import LanceSource, redact
-from .state import check_state, make_state
+from .state import check_state, end_position, make_state
 
 __all__ = ["BatchLoadError", "PrefetchLoader"]
 
@@ -181,7 +181,7 @@ class PrefetchLoader(IterableDataset):
         self.transform = transform
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._iterations = 0  # iterations started by this copy (identifies a worker's iteration)
-        self._token = 0  # stamped when pickled for new DataLoader workers (see epochs.py)
+        self._spawned = 0  # times this loader was pickled for a new process (see epochs.py)
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
         self._progress: Progress | None = None  # the latest iteration in this process
         self._iterators: weakref.WeakSet[BlockingPrefetcher[Any]] = weakref.WeakSet()
@@ -302,6 +302,9 @@ class PrefetchLoader(IterableDataset):
                 "StatefulDataLoader and its state_dict(), or call state_dict() between epochs "
                 "after set_epoch()"
             )
+        if worker is None:  # a finished epoch is saved at the one end that fits every world size
+            end = end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
+            position = min(position, end)
         return make_state(
             uri=self.uri,
             version=self.version,
@@ -415,15 +418,16 @@ class PrefetchLoader(IterableDataset):
         if worker is None:
             ident, worker_id, num_workers = iteration_ident(), 0, 1
         else:
-            token = self._token or worker.seed - worker.id  # the DataLoader's base seed
+            # equal for the workers of one DataLoader start (they are pickled in worker order)
+            token = (self._spawned or worker.seed) - worker.id
             ident = iteration_ident(token, self._iterations, worker.num_workers)
             worker_id, num_workers = worker.id, worker.num_workers
         resume, self._worker_resume = self._worker_resume, None
         if resume is not None:
             decision, skip = resume
-            self._control.begin(ident, self._token, forced=decision)
+            self._control.begin(ident, forced=decision)
         else:
-            decision, skip = self._control.begin(ident, self._token), 0
+            decision, skip = self._control.begin(ident), 0
         plan = self.epoch_plan(decision.epoch, start=decision.start)
         batches = plan.rank_batches(
             self.rank, worker_id=worker_id, num_workers=num_workers, skip=skip
@@ -480,8 +484,9 @@ class PrefetchLoader(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_iterators"], state["_progress"]  # this process's iterations
-        if multiprocessing.context.get_spawning_popen() is not None:  # for a new worker process
-            state["_token"], state["_iterations"] = self._control.new_token(), 0
+        if multiprocessing.context.get_spawning_popen() is not None:  # for a new process
+            self._spawned += 1
+            state["_spawned"], state["_iterations"] = self._spawned, 0
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

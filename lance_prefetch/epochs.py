@@ -19,11 +19,12 @@ An *iteration* is one ``iter()`` in one process, or one DataLoader ``iter()`` ac
 workers. The workers of one DataLoader iteration must share one decision, even if one of them
 starts late (after another already began the next iteration, as persistent workers can). So each
 decision is recorded under the iteration's identity in a small table, and a worker that finds its
-identity there joins that decision. The identity is ``(token, count, K)``: ``token`` is stamped on
-the loader when the DataLoader pickles it for its new worker processes (one token for all the
-copies it starts together, a new one once any copy began an iteration), and ``count`` numbers the
-iterations a copy has run (persistent workers run several). In the main process every iteration
-is new. :func:`begin` holds the rules as a pure function; :class:`EpochControl` applies it to the
+identity there joins that decision. The identity is ``(token, count, K)``. ``token``: the main
+process numbers each pickling of the loader for a new process (``1, 2, 3, ...``), and a DataLoader
+starts its workers in order ``0 .. K-1``, so worker ``w`` holding copy number ``n`` computes
+``n - w``: the same for all workers of one DataLoader start, different for the next, however the
+starts interleave with the workers' first steps. ``count`` numbers the iterations a copy has run
+(persistent workers run several). In the main process every iteration is new. :func:`begin` holds the rules as a pure function; :class:`EpochControl` applies it to the
 shared block under the lock.
 """
 
@@ -45,12 +46,11 @@ __all__ = [
     "Progress",
     "begin",
     "iteration_ident",
-    "new_token",
 ]
 
 #: How long an iteration start waits for the shared lock, in seconds, before failing loudly.
 LOCK_TIMEOUT_S = 10.0
-#: The largest epoch number (the shared block holds 64-bit integers and must count one past it).
+#: The largest epoch ``set_epoch`` accepts (the shared block holds signed 64-bit integers).
 MAX_EPOCH = 2**62
 
 # The shared block's fields. Invariant: EPOCH is the epoch of the running or most recent iteration
@@ -58,10 +58,8 @@ MAX_EPOCH = 2**62
 EPOCH = 0  # epoch selected or last decided
 START = 1  # pending start position from load_state_dict, or -1 for none
 ADVANCE = 2  # 1: an iteration began since the last set_epoch/load, so the next one moves on
-TOKEN = 3  # the token stamped on copies pickled for new DataLoader workers (0: none yet)
-TOKEN_USED = 4  # 1: a copy with that token began an iteration; the next pickling gets a new token
-NEXT_SLOT = 5  # where the next decision is recorded
-SLOTS = 6  # then SLOT_COUNT decisions of (ident, epoch, start), a ring
+NEXT_SLOT = 3  # where the next decision is recorded
+SLOTS = 4  # then SLOT_COUNT decisions of (ident, epoch, start), a ring
 SLOT_COUNT = 32
 _NUM_FIELDS = SLOTS + 3 * SLOT_COUNT
 _IDENT_MASK = (1 << 62) - 1
@@ -75,14 +73,13 @@ class Decision(NamedTuple):
 
 
 def begin(
-    block: Sequence[int], ident: int, token: int = 0, forced: Decision | None = None
+    block: Sequence[int], ident: int, forced: Decision | None = None
 ) -> tuple[list[int], Decision]:
     """Apply the module's rules: the shared block after an iteration starts, and what it reads.
 
     Args:
         block: the current shared fields (see the field constants).
         ident (int): the iteration's identity, ``> 0``; equal for all workers of one iteration.
-        token (int, optional): the pickling token of the starting copy (``0``: none).
         forced (Decision, optional): a worker resuming from its own saved state reads this instead
             (it is recorded so later iterations move on from it).
 
@@ -90,8 +87,6 @@ def begin(
         ``(new_block, decision)``.
     """
     new = list(block)
-    if token and token == new[TOKEN]:
-        new[TOKEN_USED] = 1
     for slot in range(SLOTS, _NUM_FIELDS, 3):
         if new[slot] == ident:  # another process of this iteration decided already: join it
             return new, forced or Decision(new[slot + 1], new[slot + 2])
@@ -108,20 +103,12 @@ def begin(
     return new, decision
 
 
-def new_token(block: Sequence[int]) -> tuple[list[int], int]:
-    """The token for copies pickled now: the current one until a copy began an iteration with it."""
-    new = list(block)
-    if new[TOKEN] == 0 or new[TOKEN_USED]:
-        new[TOKEN], new[TOKEN_USED] = secrets.randbits(62) | 1, 0
-    return new, new[TOKEN]
-
-
 def iteration_ident(token: int | None = None, count: int = 0, num_workers: int = 1) -> int:
     """An iteration's identity, ``> 0``.
 
-    In a DataLoader worker, pass the copy's pickling token (or, without one, the DataLoader's base
-    seed ``get_worker_info().seed - id``), the number of iterations the copy has started, and
-    ``num_workers``: every worker of one DataLoader iteration gets the same value. In the main
+    In a DataLoader worker, pass the token (see the module docstring; without a pickling number,
+    the DataLoader's base seed ``get_worker_info().seed - id``), the number of iterations the copy
+    has started, and ``num_workers``: every worker of one DataLoader iteration gets the same value. In the main
     process (``token=None``) a random value.
     """
     if token is None:
@@ -160,19 +147,12 @@ class EpochControl:
         with self._locked() as block:
             block[EPOCH], block[START], block[ADVANCE] = epoch, position, 0
 
-    def begin(self, ident: int, token: int = 0, forced: Decision | None = None) -> Decision:
+    def begin(self, ident: int, forced: Decision | None = None) -> Decision:
         """Start an iteration: decide (or join the decision of) what it reads. See :func:`begin`."""
         with self._locked() as block:
-            new, decision = begin(block, ident, token, forced)
+            new, decision = begin(block, ident, forced)
             block[:] = new
         return decision
-
-    def new_token(self) -> int:
-        """A token for copies being pickled for new DataLoader workers. See :func:`new_token`."""
-        with self._locked() as block:
-            new, token = new_token(block)
-            block[:] = new
-        return token
 
     # -- queries ---------------------------------------------------------------------------------
     @property

@@ -23,9 +23,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .epochs import MAX_EPOCH
-
-__all__ = ["FORMAT_VERSION", "check_state", "make_state", "state_from_dataloader"]
+__all__ = [
+    "FORMAT_VERSION",
+    "check_state",
+    "end_position",
+    "make_state",
+    "state_from_dataloader",
+]
 
 #: The state layout's version, stored as ``"format_version"``.
 FORMAT_VERSION = 1
@@ -140,16 +144,18 @@ def check_state(
     for key in ("epoch", "position"):
         if state[key] < 0:
             raise ValueError(f"state[{key!r}] should be >= 0, but got {state[key]}")
-    if state["epoch"] > MAX_EPOCH:
-        raise ValueError(f"state['epoch'] should be <= 2**62, but got {state['epoch']}")
+    if state["epoch"] >= 2**63 - 1:
+        raise ValueError(f"state['epoch'] should be < 2**63 - 1, but got {state['epoch']}")
     if state["world_size"] < 1:
         raise ValueError(f"state['world_size'] should be >= 1, but got {state['world_size']}")
-    limit = _max_position(state)
+    limit = end_position(state["num_rows"], state["batch_size"], drop_last=state["drop_last"])
+    if "worker" in state:  # a worker's share may end inside a padded last round
+        limit += state["world_size"]
     if state["position"] > limit:
         raise ValueError(
             f"state['position']={state['position']} is past the end of any epoch of "
-            f"{state['num_rows']} rows in batches of {state['batch_size']} (at most {limit} global "
-            f"batches with drop_last={state['drop_last']} and world_size={state['world_size']})"
+            f"{state['num_rows']} rows in batches of {state['batch_size']} with "
+            f"drop_last={state['drop_last']} (at most {limit} global batches)"
         )
     if "worker" in state:
         _check_worker(state)
@@ -199,6 +205,8 @@ def state_from_dataloader(dataloader_state: Mapping[str, Any]) -> dict[str, Any]
         raise ValueError(f"the workers' states disagree on (epoch, start, num_workers): {shared}")
     merged = dict(max(states, key=lambda s: s["position"]))
     del merged["worker"]
+    end = end_position(merged["num_rows"], merged["batch_size"], drop_last=merged["drop_last"])
+    merged["position"] = min(merged["position"], end)
     return merged
 
 
@@ -216,18 +224,18 @@ def _same_uri(saved: str, current: str) -> bool:
     return local(saved) is not None and local(saved) == local(current)
 
 
-def _max_position(state: Mapping[str, Any]) -> int:
-    """The largest position an epoch can end at (see :mod:`lance_prefetch.sampling`).
+def end_position(num_rows: int, batch_size: int, *, drop_last: bool) -> int:
+    """The position that stands for "this epoch is over", for any world size.
 
-    Full batches cover ``batch_size`` rows each, so at most ``ceil(num_rows / batch_size)`` of
-    them; with ``drop_last=False`` the last round then gives each of the ``world_size`` ranks a
-    (padded) batch, starting with rows left: at most ``ceil(num_rows / batch_size) - 1`` full
-    batches before it, whichever world sizes came before.
+    A plan started there has no batches (see :mod:`lance_prefetch.sampling`): fewer than
+    ``batch_size`` rows remain with ``drop_last=True`` (``num_rows // batch_size``), none with
+    ``drop_last=False`` (``ceil(num_rows / batch_size)``). Every earlier position still has
+    batches, so a finished epoch's position (which a padded last round can push past this) is
+    saved as this one.
     """
-    full = math.ceil(state["num_rows"] / state["batch_size"])
-    if state["drop_last"]:
-        return state["num_rows"] // state["batch_size"]
-    return max(full, full - 1 + state["world_size"])
+    if drop_last:
+        return num_rows // batch_size
+    return math.ceil(num_rows / batch_size)
 
 
 def _check_worker(state: Mapping[str, Any]) -> None:

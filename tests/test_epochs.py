@@ -10,14 +10,11 @@ from lance_prefetch.epochs import (
     EPOCH,
     SLOT_COUNT,
     START,
-    TOKEN,
-    TOKEN_USED,
     Decision,
     EpochControl,
     Progress,
     begin,
     iteration_ident,
-    new_token,
 )
 
 FRESH = EpochControl()._block.tolist()
@@ -54,18 +51,6 @@ def test_a_late_worker_joins_its_own_iteration_after_the_next_one_began():
     assert begin(block, 100)[1] == Decision(SLOT_COUNT + 1, 0)  # forgotten: a new iteration
 
 
-def test_one_token_per_batch_of_copies():
-    """Copies pickled together share a token; once one of them began, the next pickling gets a
-    new token (so a new DataLoader never joins an old iteration)."""
-    block, first = new_token(FRESH)
-    block, again = new_token(block)
-    assert first == again and block[TOKEN] == first and block[TOKEN_USED] == 0
-    block, _ = begin(block, iteration_ident(first, 1, 2), first)
-    assert block[TOKEN_USED] == 1
-    block, second = new_token(block)
-    assert second != first and block[TOKEN_USED] == 0
-
-
 def test_set_epoch_and_load_through_the_control():
     control = EpochControl()
     control.set_epoch(5)
@@ -83,7 +68,7 @@ def test_set_epoch_and_load_through_the_control():
 def test_a_state_saved_at_an_epochs_end_leaves_an_empty_rest_then_moves_on():
     control = EpochControl()
     control.load(4, 100)
-    assert control.begin(iteration_ident()) == Decision(4, 100)  # nothing left of epoch 4
+    assert control.begin(iteration_ident()) == Decision(4, 100)  # nothing left of epoch 4 ...
     assert control.begin(iteration_ident()) == Decision(5, 0)
 
 
