@@ -8,7 +8,11 @@ import pytest
 
 import lance_prefetch
 
-MODULES = ["sampling", "scheduling", "source", "convert", "dataset", "demo", "cli"]
+MODULES = [
+    "sampling", "scheduling", "source", "convert", "dataset", "demo", "cli",
+    "bench", "bench.run", "bench.contenders", "bench.report", "bench.local_s3",
+    "bench.latency_proxy", "bench.data",
+]  # fmt: skip
 
 
 def test_top_level_exports():
