@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -63,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     missing = []
     for module in ("tqdm", "psutil", "matplotlib"):
@@ -86,7 +91,15 @@ def _run_bench(args: argparse.Namespace) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     config = config_from_args(args)
-    report, paths = run_bench(config)
+    try:  # `kill` (SIGTERM) unwinds like Ctrl-C does, so the servers and contenders are stopped
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
+    try:
+        report, paths = run_bench(config)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     print(to_markdown(report, plot_name=str(paths["plot"])))
     print(f"wrote {paths['json']}, {paths['markdown']} and {paths['plot']}")
     failed = [c["label"] for c in report["contenders"] if "error" in c]

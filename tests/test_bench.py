@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -259,3 +260,38 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
     assert _processes_mentioning(str(temp)) == []
     assert list(temp.iterdir()) == []  # temporary folders removed
     assert shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_run_stops_everything(tmp_path, need_nginx, signum, code):
+    """Ctrl-C (or SIGTERM) while a contender runs: exit code 130 (143), one line on stderr and no
+    traceback, and no process naming the run's temporary folder is left."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    command = [
+        sys.executable, "-m", "lance_prefetch", "bench", "--local-s3", "--rows", "2000",
+        "--batch-size", "64", "--batches", "20", "--contenders", "sequential",
+        "--step-ms", "200", "--out", str(tmp_path / "out"), "--no-progress",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not any("_worker" in p for p in _processes_mentioning(str(temp))):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        time.sleep(1.0)  # the contender is reading
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == code, stderr
+    assert "Traceback" not in stderr
+    if signum == signal.SIGINT:
+        assert stderr.strip().splitlines()[-1] == "interrupted"
+    time.sleep(0.2)
+    assert _processes_mentioning(str(temp)) == []
+    assert list(temp.iterdir()) == []
