@@ -178,6 +178,58 @@ def test_check_ids_finds_a_contender_that_read_other_rows():
     assert not reordered["epochs"]["0"]["same_batches"]
 
 
+def _fake_report(tmp_path):
+    meta = {
+        "machine": {"summary": "2 cores", "cores": 2}, "versions": {"pylance": "14"},
+        "load_average_start": "0", "load_average_end": "0", "total_s": 1.0,
+        "storage": {"kind": "emulated S3", "description": "d", "lance_io_threads": "unset",
+                    "limiter": "pinned", "latency": {"delay_ms": 30, "jitter_ms": 10,
+                                                     "tail_fraction": 0.01, "tail_ms": 150}},
+        "dataset": {"rows": 1000, "fragments": 1, "columns": ["id"], "bytes_per_row": 8.0},
+        "settings": {"batch_size": 10, "batches": 5, "warmup_batches": 1, "step_ms": 50.0,
+                     "seed": 0},
+    }  # fmt: skip
+
+    def passes(rows_per_s, wait, take_ms):
+        metrics = {"rows_per_s": rows_per_s, "batches_per_s": 1.0, "mib_per_s": 1.0,
+                   "first_batch_s": 0.1, "take_p50_ms": take_ms, "take_p99_ms": take_ms,
+                   "take_mean_ms": take_ms}  # fmt: skip
+        return {"throughput": metrics, "step": {**metrics, "step_ms": 50.0, "wait_fraction": wait}}
+
+    common = {"setup_s": 0.1, "warmup_s": 0.1, "peak_rss_mib": 300.0, "notes": []}
+    contenders = [
+        {"name": "sequential", "label": "sequential", "settings": {},
+         "passes": passes(1000, 0.6, 100), **common},
+        {"name": "map-style", "label": "map-style", "settings": {"num_workers": 4},
+         "error": "RuntimeError: boom"},
+        *({"name": "lance-prefetch", "label": f"lance-prefetch r{ra}/m{mif}",
+           "settings": {"readahead": ra, "max_in_flight": mif},
+           "passes": passes(rate, wait, 100), **common}
+          for ra, mif, rate, wait in ((4, 1, 1100, 0.5), (4, 4, 4500, 0.01), (16, 4, 3900, 0.08))),
+    ]  # fmt: skip
+    return {"meta": meta, "contenders": contenders, "ids_check": report.check_ids(contenders)}
+
+
+def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
+    """Targets use the best setting; a failed contender is a table row and not evaluated."""
+    fake = _fake_report(tmp_path)
+    targets = {t["target"]: t for t in report.evaluate_targets(fake)}
+    four_x = targets["emulated S3: best lance-prefetch >= 4x sequential rows/s"]
+    assert four_x["met"] and four_x["value"] == pytest.approx(4.5)
+    assert targets["emulated S3: best lance-prefetch >= map-style rows/s"]["met"] is None
+    wait = targets[
+        "lance-prefetch wait fraction < 5% when step_ms >= 1.2 x mean take time / max_in_flight"
+    ]
+    # 50 ms >= 1.2 * 100 / 4 for the two max_in_flight=4 settings; r16/m4 waited 8%
+    assert wait["met"] is False and "lance-prefetch r16/m4: 8.0%" in wait["detail"]
+    fake["targets"] = list(targets.values())
+    paths = report.write_outputs(fake, tmp_path / "out", "fake")
+    markdown = paths["markdown"].read_text()
+    assert "| map-style | num_workers=4, spawn | failed: RuntimeError: boom |" in markdown
+    assert "| **lance-prefetch** (best) | readahead=4, max_in_flight=4 | 4,500 |" in markdown
+    assert paths["plot"].stat().st_size > 10_000
+
+
 # -- whole runs ------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_every_contender_reads_the_same_rows(tmp_path):

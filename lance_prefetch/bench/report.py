@@ -195,6 +195,7 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
         [
             "contender", "settings", "rows/s", "batches/s", "MiB/s", "first batch ms",
             "take p50 ms", "take p99 ms", "peak RSS MiB", f"waited, {step_ms:g} ms step",
+            "start s",
         ]
     ]  # fmt: skip
     best = best_prefetch(report["contenders"])
@@ -204,7 +205,7 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
             name = f"**{name}** (best)"
         if not _ok(contender):
             rows.append(
-                [name, _settings_text(contender), f"failed: {contender['error']}"] + [""] * 7
+                [name, _settings_text(contender), f"failed: {contender['error']}"] + [""] * 8
             )
             continue
         throughput = contender["passes"]["throughput"]
@@ -221,6 +222,7 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
                 _fmt(throughput.get("take_p99_ms"), ",.1f"),
                 _fmt(contender.get("peak_rss_mib")),
                 _fmt(step.get("wait_fraction"), ".1%"),
+                _fmt(contender["setup_s"] + contender["warmup_s"], ",.1f"),
             ]
         )
     return rows
@@ -244,7 +246,8 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
         f"- each contender: its own process; {settings['warmup_batches']} warm-up batches, then "
         f"{settings['batches']} batches of {settings['batch_size']} rows as fast as it can "
         f"(rows/s, MiB/s, first batch, take latency), then {settings['batches']} more with a "
-        f"{settings['step_ms']:g} ms sleep after each (waited); seed {settings['seed']}",
+        f"{settings['step_ms']:g} ms sleep after each (waited); start = building it and the "
+        f"warm-up (for map-style: starting its workers); seed {settings['seed']}",
         f"- total run time: {meta['total_s']:.0f} s",
         "",
     ]
