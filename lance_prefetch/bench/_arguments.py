@@ -63,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: 1,4,16)")  # fmt: skip
     add("--ceiling-concurrency", type=_int_list, default=defaults.ceiling_concurrency,
         metavar="N,N,...", help="thread-pool sizes tried by ceiling (default: 4,16,64)")  # fmt: skip
+    add("--ceiling-repeats", type=int, default=defaults.ceiling_repeats,
+        help="runs of ceiling per pool size; the best counts (default: 2)")  # fmt: skip
     add("--map-workers", type=int, default=defaults.map_workers)
     add("--contenders", type=_names, default=defaults.contenders,
         help=f"comma-separated, among {','.join(KINDS)} (default: all)")  # fmt: skip
@@ -106,6 +108,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         readahead=args.readahead,
         max_in_flight=args.max_in_flight,
         ceiling_concurrency=args.ceiling_concurrency,
+        ceiling_repeats=args.ceiling_repeats,
         map_workers=args.map_workers,
         contenders=args.contenders,
         latency=Latency(

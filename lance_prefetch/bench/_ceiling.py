@@ -14,9 +14,10 @@ from .contenders import THROUGHPUT_EPOCH, WARMUP_EPOCH, ContenderSpec, open_data
 
 
 def run_ceiling(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, Any]:
-    """For each pool size in ``spec.concurrency``, submit every ``take`` of the throughput pass's
-    batches at once to a pool of that many threads and time them until the last one returns (no
-    queue, conversion or torch). The pass reported is the pool size with the most rows/s.
+    """For each pool size in ``spec.concurrency``, ``spec.ceiling_repeats`` times, submit every
+    ``take`` of the throughput pass's batches at once to a pool of that many threads and time them
+    until the last one returns (no queue, conversion or torch). The pass reported is the run with
+    the most rows/s: an upper bound.
 
     Raises:
         RuntimeError: two pool sizes read different rows (the bookkeeping is broken).
@@ -36,7 +37,8 @@ def run_ceiling(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, Any]
         return table, time.perf_counter() - began
 
     sweep, ids = [], None
-    for concurrency in spec.concurrency:
+    runs = [(c, repeat) for c in spec.concurrency for repeat in range(spec.ceiling_repeats)]
+    for concurrency, repeat in runs:
         tables: list[Any] = [None] * len(planned)
         latencies = []
         first = None
@@ -67,6 +69,7 @@ def run_ceiling(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, Any]
         sweep.append(
             {
                 "concurrency": concurrency,
+                "repeat": repeat,
                 "epoch": THROUGHPUT_EPOCH,
                 "batches": len(planned),
                 "rows": rows,
@@ -88,7 +91,8 @@ def run_ceiling(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, Any]
         "best_concurrency": best["concurrency"],
         "ids": {str(THROUGHPUT_EPOCH): ids},
         "notes": [
-            f"raw takes, all submitted at once to a pool of c threads; best of c in "
-            f"{list(spec.concurrency)}; no training loop, so no step pass"
+            f"raw takes, all submitted at once to a pool of c threads; the best of "
+            f"{spec.ceiling_repeats} run(s) for each c in {list(spec.concurrency)}; no training "
+            f"loop, so no step pass"
         ],
     }

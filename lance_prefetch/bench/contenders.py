@@ -25,7 +25,8 @@ contender           what it runs
                     pseudo-random (contiguous ranges of ``B`` rows in shuffled order, the same order
                     every epoch), so it cannot read the plan's batches
 ``ceiling``         the raw ``take`` calls of the plan's batches, all submitted at once to a thread pool
-                    of each of ``concurrency`` sizes; no queue, no conversion, no torch
+                    of each of ``concurrency`` sizes (``ceiling_repeats`` times each, the best
+                    run counts); no queue, no conversion, no torch
 ``lance-prefetch``  :class:`~lance_prefetch.PrefetchLoader` with ``readahead`` and ``max_in_flight``
 ==================  ===================================================================================
 
@@ -92,6 +93,7 @@ class ContenderSpec:
             ``False``.
         readahead (int), max_in_flight (int): for ``lance-prefetch``. Default: ``0``.
         concurrency (list[int]): thread-pool sizes for ``ceiling``. Default: ``[]``.
+        ceiling_repeats (int): runs of ``ceiling`` per pool size. Default: ``2``.
         num_workers (int): DataLoader workers for ``map-style``. Default: ``4``.
         lance_torch_readahead (int): ``batch_readahead`` of ``lance-torch``. Default: ``16``.
     """
@@ -112,6 +114,7 @@ class ContenderSpec:
     readahead: int = 0
     max_in_flight: int = 0
     concurrency: list[int] = field(default_factory=list)
+    ceiling_repeats: int = 2
     num_workers: int = 4
     lance_torch_readahead: int = 16
 

@@ -180,7 +180,9 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
     if contender["name"] == PREFETCH:
         return f"readahead={settings['readahead']}, max_in_flight={settings['max_in_flight']}"
     if contender["name"] == "ceiling" and _ok(contender):
-        return f"{contender['best_concurrency']} threads (best of {settings['concurrency']})"
+        repeats = settings.get("repeats", 1)
+        tried = f"{settings['concurrency']}" + (f" x {repeats} runs" if repeats > 1 else "")
+        return f"{contender['best_concurrency']} threads (best of {tried})"
     if contender["name"] == "map-style":
         return f"num_workers={settings['num_workers']}, spawn"
     if contender["name"] == "lance-torch":

@@ -58,6 +58,7 @@ class BenchConfig:
             ``max_in_flight > readahead`` are skipped. Default: ``(1, 4, 16)``.
         ceiling_concurrency (tuple[int, ...]): thread-pool sizes tried by ``ceiling``. Default:
             ``(4, 16, 64)``.
+        ceiling_repeats (int): runs of ``ceiling`` per pool size; the best counts. Default: ``2``.
         map_workers (int): DataLoader workers of ``map-style``. Default: ``4``.
         contenders (tuple[str, ...]): which contenders to run. Default: all five.
         latency (Latency): latency added by the emulated S3. Default: ``Latency()``.
@@ -93,6 +94,7 @@ class BenchConfig:
     readahead: tuple[int, ...] = (1, 4, 16, 64)
     max_in_flight: tuple[int, ...] = (1, 4, 16)
     ceiling_concurrency: tuple[int, ...] = (4, 16, 64)
+    ceiling_repeats: int = 2
     map_workers: int = 4
     contenders: tuple[str, ...] = KINDS
     latency: Latency = field(default_factory=Latency)
@@ -112,7 +114,9 @@ class BenchConfig:
                 f"(got {self.uri!r}); to read your own dataset from S3, pass its URI and "
                 f"--storage-option KEY=VALUE"
             )
-        for name in ("rows", "rows_per_file", "batch_size", "batches", "map_workers"):
+        for name in (
+            "rows", "rows_per_file", "batch_size", "batches", "map_workers", "ceiling_repeats",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} should be >= 1, but got {name}={getattr(self, name)}")
         for name in ("warmup_batches", "seed", "aimd_rate"):
@@ -315,6 +319,7 @@ def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]
         "step_ms": config.step_ms,
         "grid": config.grid(),
         "ceiling_concurrency": list(config.ceiling_concurrency),
+        "ceiling_repeats": config.ceiling_repeats,
         "map_workers": config.map_workers,
         "contenders": list(config.contenders),
     }
@@ -336,6 +341,7 @@ def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, dict, Co
         extra: dict[str, Any] = {}
         if kind == "ceiling":
             extra["concurrency"] = settings["concurrency"] = list(config.ceiling_concurrency)
+            extra["ceiling_repeats"] = settings["repeats"] = config.ceiling_repeats
         elif kind == "map-style":
             extra["num_workers"] = settings["num_workers"] = config.map_workers
         elif kind == "lance-torch":
@@ -346,7 +352,7 @@ def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, dict, Co
 
 def _ticks(spec: ContenderSpec) -> int:
     if spec.kind == "ceiling":
-        return spec.batches * len(spec.concurrency)
+        return spec.batches * len(spec.concurrency) * spec.ceiling_repeats
     return 2 * spec.batches
 
 
