@@ -233,34 +233,32 @@ def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
 # -- whole runs ------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_every_contender_reads_the_same_rows(tmp_path):
-    """Acceptance 3: on a local dataset, every contender but lance-torch read exactly the plan's
-    rows in each epoch, in the same batches (ids from the data's id column, recorded in full)."""
+    """Acceptance 3: on a local dataset, every contender read exactly the plan's rows in each
+    epoch, in the same batches (ids from the data's id column, recorded in full). lance-torch,
+    which cannot read the plan's batches, is left out here (its exclusion from the check is tested
+    above), to keep the test short."""
     uri = write_synthetic(str(tmp_path / "ids.lance"), 700, rows_per_file=250)
     config = BenchConfig(
         uri=uri, batch_size=32, batches=6, warmup_batches=1, step_ms=1, readahead=(2,),
-        max_in_flight=(1, 2), ceiling_concurrency=(1, 3), map_workers=2, record_ids=True,
+        max_in_flight=(2,), ceiling_concurrency=(1, 3), ceiling_repeats=1, map_workers=2,
+        contenders=("sequential", "map-style", "ceiling", "lance-prefetch"), record_ids=True,
         out_dir=tmp_path / "out", name="ids", progress=False,
     )  # fmt: skip
     result, paths = run_bench(config)
     contenders = {c["label"]: c for c in result["contenders"]}
     assert [c for c in contenders.values() if "error" in c] == []
-    assert sorted(contenders) == [
-        "ceiling", "lance-prefetch r2/m1", "lance-prefetch r2/m2", "lance-torch", "map-style",
-        "sequential",
-    ]  # fmt: skip
+    assert sorted(contenders) == ["ceiling", "lance-prefetch r2/m2", "map-style", "sequential"]
     for epoch in (0, 1):
         plan = EpochPlan(num_rows=700, batch_size=32, seed=0, epoch=epoch, world_size=1)
         expected = sorted(i for b in list(plan.rank_batches(0))[:6] for i in b.indices.tolist())
-        readers = [c for c in contenders.values()
-                   if c["name"] != "lance-torch" and str(epoch) in c["ids"]]  # fmt: skip
-        assert len(readers) == (5 if epoch == 0 else 4)  # ceiling has no step pass
+        readers = [c for c in contenders.values() if str(epoch) in c["ids"]]
+        assert len(readers) == (4 if epoch == 0 else 3)  # ceiling has no step pass
         for contender in readers:
             record = contender["ids"][str(epoch)]
             assert record["from"] == "id column"
             assert record["ids"] == expected, contender["label"]
         assert len({c["ids"][str(epoch)]["batches_sha256"] for c in readers}) == 1
-    assert result["ids_check"]["ok"]
-    assert "lance-torch" in result["ids_check"]["excluded"]
+    assert result["ids_check"]["ok"] and result["ids_check"]["excluded"] == {}
     assert result["ids_check"]["epochs"]["0"]["same_batches"]
     assert json.loads(paths["json"].read_text())["ids_check"]["ok"]
 
@@ -315,10 +313,10 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupted_run_stops_everything(tmp_path, need_nginx, signum, code):
-    """Ctrl-C (or SIGTERM) while a contender runs: exit code 130 (143), one line on stderr and no
-    traceback, and no process naming the run's temporary folder is left."""
+def test_ctrl_c_stops_everything(tmp_path, need_nginx):
+    """Ctrl-C while a contender runs: exit code 130, "interrupted" on stderr and no traceback,
+    and no process naming the run's temporary folder is left. (SIGTERM unwinds the same way, as
+    exit code 143.)"""
     temp = tmp_path / "tmp"
     temp.mkdir()
     command = [
@@ -336,14 +334,13 @@ def test_interrupted_run_stops_everything(tmp_path, need_nginx, signum, code):
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()
             time.sleep(0.1)
         time.sleep(1.0)  # the contender is reading
-        process.send_signal(signum)
+        process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
     finally:
         process.kill()
-    assert process.returncode == code, stderr
+    assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
-    if signum == signal.SIGINT:
-        assert stderr.strip().splitlines()[-1] == "interrupted"
+    assert stderr.strip().splitlines()[-1] == "interrupted"
     time.sleep(0.2)
     assert _processes_mentioning(str(temp)) == []
     assert list(temp.iterdir()) == []
