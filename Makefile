@@ -3,23 +3,32 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean nginx
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,demo]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,demo,bench]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# `lance-prefetch bench --local-s3` (and its test) serves object reads with nginx: install
+# Debian's nginx-light when no nginx is there (nothing is done when one is).
+nginx:
+	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || { \
+		echo "installing nginx-light (for lance-prefetch bench --local-s3)"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nginx-light >/dev/null; }
+
+install: $(STAMP) nginx
 
 demo: $(STAMP)
 	$(PY) -m lance_prefetch demo
 
-test: $(STAMP)
+test: $(STAMP) nginx
 	$(PY) -m pytest
 
 clean:

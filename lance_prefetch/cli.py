@@ -3,11 +3,17 @@
 ``lance-prefetch demo`` trains a small classifier through :class:`~lance_prefetch.PrefetchLoader`
 on scikit-learn's digits (or on ``--uri``) and prints, per epoch, the loss, held-out accuracy,
 rows/s and the fraction of wall time the training loop waited for data.
+
+``lance-prefetch bench`` measures PrefetchLoader against the usual alternatives on one dataset,
+local or S3 (or an emulated S3 on 127.0.0.1 with ``--local-s3``), and writes a JSON file, a
+Markdown table and a plot (see :mod:`lance_prefetch.bench`).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -42,7 +48,70 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-in-flight", type=_positive_int, default=4)
     demo.add_argument("--epochs", type=_positive_int, default=5)
     demo.add_argument("--seed", type=int, default=0)
+    bench = commands.add_parser(
+        "bench",
+        help="measure PrefetchLoader against the usual ways to read random batches",
+        description="Read the same random batches with each contender (sequential takes, a "
+        "map-style DataLoader, lance.torch, a raw thread-pool ceiling, and PrefetchLoader over a "
+        "readahead x max_in_flight grid), each in its own process, and write NAME.json, NAME.md "
+        "and NAME.png to --out. Needs the bench extra (pip install 'lance-prefetch[bench]'); "
+        "--local-s3 also needs nginx (apt-get install nginx-light).",
+    )
+    from .bench._arguments import add_arguments
+
+    add_arguments(bench)
+    bench.add_argument("-v", "--verbose", action="store_true", help="log what is being set up")
     return parser
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    missing = []
+    for module in ("tqdm", "psutil", "matplotlib"):
+        try:
+            __import__(module)
+        except ModuleNotFoundError:
+            missing.append(module)
+    if missing:
+        print(
+            f"ModuleNotFoundError: the bench needs {', '.join(missing)}; install the bench extra: "
+            f"pip install 'lance-prefetch[bench]'",
+            file=sys.stderr,
+        )
+        return 1
+    from .bench._arguments import config_from_args
+    from .bench.report import to_markdown
+    from .bench.run import run_bench
+
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    config = config_from_args(args)
+    try:  # `kill` (SIGTERM) unwinds like Ctrl-C does, so the servers and contenders are stopped
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
+    try:
+        report, paths = run_bench(config)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    print(to_markdown(report, plot_name=str(paths["plot"])))
+    print(f"wrote {paths['json']}, {paths['markdown']} and {paths['plot']}")
+    failed = [c["label"] for c in report["contenders"] if "error" in c]
+    if failed:
+        print(
+            f"RuntimeError: {len(failed)} contender(s) failed: {', '.join(failed)}", file=sys.stderr
+        )
+        return 1
+    if not report["ids_check"]["ok"]:
+        print("RuntimeError: the contenders did not read the same rows", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -97,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _run_demo(args)
+        if args.command == "bench":
+            return _run_bench(args)
     except (TypeError, ValueError, OSError, RuntimeError) as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -9,16 +9,10 @@ import pytest
 import lance_prefetch
 
 MODULES = [
-    "sampling",
-    "epochs",
-    "state",
-    "scheduling",
-    "source",
-    "convert",
-    "dataset",
-    "demo",
-    "cli",
-]
+    "sampling", "epochs", "state", "scheduling", "source", "convert", "dataset", "mapstyle",
+    "demo", "cli", "bench", "bench.run", "bench.contenders", "bench.report", "bench.local_s3",
+    "bench.latency_proxy", "bench.data",
+]  # fmt: skip
 
 
 def test_top_level_exports():

@@ -1,0 +1,435 @@
+"""The contenders, and how one of them is measured (this runs in the contender's own process).
+
+Every contender reads the same dataset version and columns. All but ``lance-torch`` read the same
+batches: the first ``batches`` batches of :class:`~lance_prefetch.sampling.EpochPlan` for
+``(seed, epoch)`` (one rank, ``drop_last=True``), so each epoch they read the same rows, in the same
+batches, in the same order. Each contender:
+
+1. is built (``setup_s``: opening the dataset; nothing read yet);
+2. warms up: reads ``warmup_batches`` batches of :data:`WARMUP_EPOCH`, untimed and not counted
+   (``warmup_s``; for ``map-style`` this starts its worker processes);
+3. **throughput pass**: reads ``batches`` batches of :data:`THROUGHPUT_EPOCH` as fast as it can;
+4. **step pass**: reads ``batches`` batches of :data:`STEP_EPOCH`, sleeping ``step_ms`` after
+   each one, as a training step would (not for ``ceiling``, which has no training loop).
+
+==================  ===================================================================================
+contender           what it runs
+==================  ===================================================================================
+``sequential``      ``dataset.take(indices, columns)`` then the same Arrow-to-torch conversion as the
+                    loader (:func:`~lance_prefetch.convert.to_tensors`), one batch after the other
+``map-style``       a map-style ``Dataset`` whose ``__getitems__`` calls ``take`` and converts, under
+                    ``DataLoader(batch_size=B, num_workers=4, multiprocessing_context="spawn",
+                    persistent_workers=True)``; instead of ``shuffle=True`` (a ``RandomSampler``) its
+                    sampler yields the plan's permutation, so its batches are the plan's
+``lance-torch``     ``lance.torch.data.LanceDataset`` with ``ShardedBatchSampler(randomize=True)``:
+                    pseudo-random (contiguous ranges of ``B`` rows in shuffled order, the same order
+                    every epoch), so it cannot read the plan's batches
+``ceiling``         the raw ``take`` calls of the plan's batches, all submitted at once to a thread pool
+                    of each of ``concurrency`` sizes (``ceiling_repeats`` times each, the best
+                    run counts); no queue, no conversion, no torch
+``lance-prefetch``  :class:`~lance_prefetch.PrefetchLoader` with ``readahead`` and ``max_in_flight``
+==================  ===================================================================================
+
+What a pass measures (times from :func:`time.perf_counter`):
+
+- ``rows_per_s``, ``batches_per_s``, ``mib_per_s``: rows, batches and bytes delivered (tensor bytes
+  of numeric columns; Arrow bytes for ``ceiling``) divided by the time from ``iter()`` to the last
+  batch's arrival, so the pipeline's fill is included;
+- ``first_batch_s``: from ``iter()`` to the first batch;
+- ``take_p50_ms``, ``take_p99_ms``, ``take_mean_ms``: duration of each ``take`` call (``None`` for
+  ``lance-torch``, which scans);
+- ``wait_fraction`` (step pass): time spent in ``next()`` waiting for batches 2..n divided by the
+  wall time from the first batch's arrival to the end of the last step (the first batch's wait is
+  ``first_batch_s``, paid once per epoch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..convert import to_tensors
+from ..sampling import EpochPlan
+from ._measure import measure_pass, peak_rss_mib, rss_mib
+
+__all__ = [
+    "ContenderSpec",
+    "KINDS",
+    "STEP_EPOCH",
+    "THROUGHPUT_EPOCH",
+    "TakeDataset",
+    "WARMUP_EPOCH",
+    "open_dataset",
+    "plan_batches",
+    "run_contender",
+]
+
+KINDS = ("sequential", "map-style", "lance-torch", "ceiling", "lance-prefetch")
+THROUGHPUT_EPOCH, STEP_EPOCH, WARMUP_EPOCH = 0, 1, 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContenderSpec:
+    """Everything a contender's process needs (JSON-able; sent as a file).
+
+    Args:
+        kind (str): one of :data:`KINDS`.
+        uri (str): dataset URI. version (int): the dataset version every contender reads.
+        num_rows (int): live rows of that version.
+        columns (list[str]): columns to read.
+        storage_options (dict[str, str], optional): passed to Lance. Default: ``None``.
+        batch_size (int): rows per batch. batches (int): batches per timed pass.
+        warmup_batches (int): batches read before timing. Default: ``2``.
+        seed (int): seed of every epoch's permutation. Default: ``0``.
+        step_ms (float): simulated training step of the step pass, in ms. Default: ``50.0``.
+        id_column (str, optional): a column holding row ids; when it is read, the recorded ids
+            come from the data, else from the offsets asked for. Default: ``"id"``.
+        record_ids (bool): put every id read into the result, not only checksums. Default:
+            ``False``.
+        readahead (int), max_in_flight (int): for ``lance-prefetch``. Default: ``0``.
+        concurrency (list[int]): thread-pool sizes for ``ceiling``. Default: ``[]``.
+        ceiling_repeats (int): runs of ``ceiling`` per pool size. Default: ``2``.
+        num_workers (int): DataLoader workers for ``map-style``. Default: ``4``.
+        lance_torch_readahead (int): ``batch_readahead`` of ``lance-torch``. Default: ``16``.
+    """
+
+    kind: str
+    uri: str
+    version: int
+    num_rows: int
+    columns: list[str]
+    storage_options: dict[str, str] | None = None
+    batch_size: int
+    batches: int
+    warmup_batches: int = 2
+    seed: int = 0
+    step_ms: float = 50.0
+    id_column: str | None = "id"
+    record_ids: bool = False
+    readahead: int = 0
+    max_in_flight: int = 0
+    concurrency: list[int] = field(default_factory=list)
+    ceiling_repeats: int = 2
+    num_workers: int = 4
+    lance_torch_readahead: int = 16
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind should be one of {KINDS}, but got kind={self.kind!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as a JSON-able dict."""
+        return asdict(self)
+
+
+# -- the contenders ------------------------------------------------------------------------------
+# Each has setup(), iterate(epoch, count) -> Iterator[(batch dict, offsets or None)], close(),
+# and appends the duration of every take call, in seconds, to self.latencies.
+
+
+def plan_batches(spec: ContenderSpec, epoch: int, count: int) -> list[np.ndarray]:
+    """The row offsets of the first ``count`` batches of ``epoch``'s plan (one rank, full batches)."""
+    plan = EpochPlan(
+        num_rows=spec.num_rows,
+        batch_size=spec.batch_size,
+        seed=spec.seed,
+        epoch=epoch,
+        world_size=1,
+        drop_last=True,
+    )
+    batches = []
+    for batch in plan.rank_batches(0):
+        if len(batches) == count:
+            break
+        batches.append(batch.indices)
+    return batches
+
+
+def open_dataset(spec: ContenderSpec):
+    """The spec's dataset, at its pinned version."""
+    import lance
+
+    return lance.dataset(spec.uri, version=spec.version, storage_options=spec.storage_options)
+
+
+class _Sequential:
+    notes: tuple[str, ...] = ("one take per batch in a plain loop, then to_tensors",)
+
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self.latencies: list[float] = []
+
+    def setup(self) -> None:
+        self.dataset = open_dataset(self.spec)
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        for indices in plan_batches(self.spec, epoch, count):
+            started = time.perf_counter()
+            table = self.dataset.take(indices, columns=self.spec.columns)
+            self.latencies.append(time.perf_counter() - started)
+            yield to_tensors(table), indices
+
+    def close(self) -> None:
+        pass
+
+
+class TakeDataset(torch.utils.data.Dataset):
+    """The ``map-style`` contender's dataset: ``__getitems__`` is one ``take`` of the whole batch.
+
+    Opens the dataset lazily in each worker process. Each batch is ``to_tensors(table)`` plus
+    ``"__take_s__"``: the ``take`` call's duration in seconds (a float64 scalar tensor).
+    """
+
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self._dataset = None
+
+    def __len__(self) -> int:
+        return self.spec.num_rows
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        if self._dataset is None:
+            self._dataset = open_dataset(self.spec)
+        started = time.perf_counter()
+        table = self._dataset.take(indices, columns=self.spec.columns)
+        took = time.perf_counter() - started
+        batch = to_tensors(table)
+        batch["__take_s__"] = torch.tensor(took, dtype=torch.float64)
+        return batch
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([index])
+
+
+class _PlanSampler(torch.utils.data.Sampler[int]):
+    """Yields the row offsets of the plan's first ``count`` batches of the current epoch, in order;
+    ``BatchSampler(batch_size=B, drop_last=True)`` then cuts exactly the plan's batches."""
+
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self.epoch, self.count = 0, 0
+
+    def __iter__(self) -> Iterator[int]:
+        for indices in plan_batches(self.spec, self.epoch, self.count):
+            yield from indices.tolist()
+
+    def __len__(self) -> int:
+        return self.count * self.spec.batch_size
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+class _MapStyle:
+    notes = (
+        "sampler yields the plan's permutation (in place of shuffle=True), so the same batches",
+        "persistent_workers=True: the workers start during the warm-up (see setup_s + warmup_s)",
+    )
+
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self.latencies: list[float] = []
+
+    def setup(self) -> None:
+        from torch.utils.data import DataLoader
+
+        self.sampler = _PlanSampler(self.spec)
+        self.loader = DataLoader(
+            TakeDataset(self.spec),
+            batch_size=self.spec.batch_size,
+            sampler=self.sampler,
+            drop_last=True,
+            num_workers=self.spec.num_workers,
+            multiprocessing_context="spawn",
+            persistent_workers=True,
+            collate_fn=_identity,
+        )
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        self.sampler.epoch, self.sampler.count = epoch, count
+        planned = plan_batches(self.spec, epoch, count)
+        for batch, indices in zip(self.loader, planned, strict=False):
+            self.latencies.append(float(batch.pop("__take_s__")))
+            yield batch, indices
+
+    def close(self) -> None:
+        iterator = getattr(self.loader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
+
+
+class _LanceTorch:
+    notes = (
+        "pseudo-random: ShardedBatchSampler(randomize=True) shuffles contiguous ranges of "
+        "batch_size rows; rows inside a batch stay in disk order; the same order every epoch",
+        "not the plan's batches, so it is left out of the same-ids check",
+    )
+
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self.latencies: list[float] = []  # stays empty: it scans, there is no take to time
+
+    def setup(self) -> None:
+        from lance.sampler import ShardedBatchSampler
+        from lance.torch.data import LanceDataset
+
+        self.sampler = ShardedBatchSampler(0, 1, randomize=True, seed=self.spec.seed)
+        self.dataset = LanceDataset(
+            open_dataset(self.spec),
+            batch_size=self.spec.batch_size,
+            columns=list(self.spec.columns),
+            sampler=self.sampler,
+            batch_readahead=self.spec.lance_torch_readahead,
+        )
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        self.sampler.set_epoch(epoch)
+        iterator = iter(self.dataset)
+        try:
+            for _ in range(count):
+                batch = next(iterator)
+                if not isinstance(batch, dict):  # one column comes back as a bare tensor
+                    batch = {self.spec.columns[0]: batch}
+                yield batch, None
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+    def close(self) -> None:
+        pass
+
+
+class _TimedSource:
+    """Wraps the loader's ``LanceSource`` to time each ``take`` (thread-safe appends)."""
+
+    def __init__(self, source: Any, latencies: list[float]) -> None:
+        self._wrapped = source
+        self._latencies = latencies
+
+    def take(self, indices: np.ndarray) -> Any:
+        started = time.perf_counter()
+        try:
+            return self._wrapped.take(indices)
+        finally:
+            self._latencies.append(time.perf_counter() - started)  # list.append is atomic
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
+class _LancePrefetch:
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self.latencies: list[float] = []
+        self.notes: tuple[str, ...] = ()
+
+    def setup(self) -> None:
+        from .. import PrefetchLoader
+
+        spec = self.spec
+        self.loader = PrefetchLoader(
+            spec.uri,
+            spec.batch_size,
+            columns=spec.columns,
+            seed=spec.seed,
+            readahead=spec.readahead,
+            max_in_flight=spec.max_in_flight,
+            rank=0,
+            world_size=1,
+            storage_options=spec.storage_options,
+            version=spec.version,
+        )
+        if hasattr(self.loader, "_source"):  # the loader's own take calls, timed
+            self.loader._source = _TimedSource(self.loader._source, self.latencies)
+        else:  # pragma: no cover - the loader's internals moved
+            self.notes = ("take latency not measured: PrefetchLoader has no _source",)
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        self.loader.set_epoch(epoch)
+        iterator = iter(self.loader)
+        try:
+            for indices in plan_batches(self.spec, epoch, count):
+                yield next(iterator), indices
+        finally:
+            iterator.close()
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+_CONTENDERS: dict[str, Callable[[ContenderSpec], Any]] = {
+    "sequential": _Sequential,
+    "map-style": _MapStyle,
+    "lance-torch": _LanceTorch,
+    "lance-prefetch": _LancePrefetch,
+}
+
+
+def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, Any]:
+    contender = _CONTENDERS[spec.kind](spec)
+    started = time.perf_counter()
+    contender.setup()
+    setup_s = time.perf_counter() - started
+    try:
+        started = time.perf_counter()
+        if spec.warmup_batches:
+            count = spec.warmup_batches
+            if spec.kind == "map-style":  # one batch per worker, so every worker has started
+                count = max(count, spec.num_workers)
+            for _ in contender.iterate(WARMUP_EPOCH, count):
+                pass
+        warmup_s = time.perf_counter() - started
+        common = {
+            "kind": spec.kind,
+            "batches": spec.batches,
+            "id_column": spec.id_column,
+            "record_ids": spec.record_ids,
+            "tick": tick,
+        }
+        throughput, ids_0 = measure_pass(contender, epoch=THROUGHPUT_EPOCH, step_s=0.0, **common)
+        step, ids_1 = measure_pass(
+            contender, epoch=STEP_EPOCH, step_s=spec.step_ms / 1000, **common
+        )
+    finally:
+        contender.close()
+    return {
+        "setup_s": setup_s,
+        "warmup_s": warmup_s,
+        "passes": {"throughput": throughput, "step": step},
+        "ids": {str(THROUGHPUT_EPOCH): ids_0, str(STEP_EPOCH): ids_1},
+        "notes": list(contender.notes),
+    }
+
+
+def run_contender(spec: ContenderSpec, tick: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run one contender in this process and return its measurements (a JSON-able dict).
+
+    Args:
+        spec (ContenderSpec): what to run.
+        tick (Callable[[], None], optional): called after each timed batch. Default: ``None``.
+
+    Returns:
+        dict: ``setup_s``, ``warmup_s``, ``passes`` (``throughput`` and, except for
+        ``ceiling``, ``step``: the metrics listed in this module's docstring), ``ids`` (per
+        epoch, see :func:`~lance_prefetch.bench._measure.ids_record`), ``notes``, ``peak_rss_self_mib`` (this process's peak
+        resident memory) and ``rss_before_mib`` (its resident memory before the contender was
+        built); ``ceiling`` adds ``sweep`` and ``best_concurrency``.
+    """
+    tick = tick or (lambda: None)
+    rss_before = rss_mib()
+    if spec.kind == "ceiling":
+        from ._ceiling import run_ceiling
+
+        result = run_ceiling(spec, tick)
+    else:
+        result = _run_iterating(spec, tick)
+    result["rss_before_mib"] = rss_before
+    result["peak_rss_self_mib"] = peak_rss_mib()
+    return result

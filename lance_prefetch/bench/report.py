@@ -1,0 +1,378 @@
+"""The benchmark's outputs: the same-ids check, the targets, a JSON file, a Markdown table, a plot.
+
+A report is a plain dict (written as JSON as it is)::
+
+    {"meta": {...machine, versions, dataset, storage, settings...},
+     "contenders": [{"name", "label", "settings", "passes": {"throughput": {...}, "step": {...}},
+                     "ids": {"0": {...}, "1": {...}}, "peak_rss_mib", "notes", ...}, ...],
+     "ids_check": {...}, "targets": [...]}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "best_prefetch",
+    "check_ids",
+    "evaluate_targets",
+    "table_rows",
+    "to_markdown",
+    "write_outputs",
+    "write_plot",
+]
+
+PREFETCH = "lance-prefetch"
+BASELINES = ("sequential", "map-style", "lance-torch", "ceiling")
+EXCLUDED_FROM_IDS = {
+    "lance-torch": "pseudo-random sampler of its own (shuffled contiguous ranges), so it cannot "
+    "read the plan's batches",
+}
+WAIT_TARGET = 0.05
+
+
+def _ok(contender: Mapping[str, Any]) -> bool:
+    return "error" not in contender
+
+
+def check_ids(contenders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Whether every contender (but those in :data:`EXCLUDED_FROM_IDS`) read the same rows.
+
+    For each epoch, the contenders that read it are compared on the checksum of their sorted ids
+    (the same rows, repeats counted) and on the checksum of their batches in order (the same
+    batches, in the same order). Contenders that failed are listed, not compared.
+
+    Returns:
+        dict: ``ok`` (bool: every epoch has one checksum of each kind, from at least two
+        contenders), ``epochs`` (per epoch: ``contenders``, ``rows``, ``same_rows``,
+        ``same_batches``, ``from``), ``excluded`` (name: reason).
+    """
+    epochs: dict[str, dict[str, Any]] = {}
+    excluded = {}
+    for contender in contenders:
+        name = contender["label"]
+        if contender["name"] in EXCLUDED_FROM_IDS:
+            excluded[name] = EXCLUDED_FROM_IDS[contender["name"]]
+            continue
+        if not _ok(contender):
+            excluded[name] = f"failed: {contender['error']}"
+            continue
+        for epoch, record in contender.get("ids", {}).items():
+            entry = epochs.setdefault(
+                epoch,
+                {"contenders": [], "rows": set(), "sha": set(), "batches": set(), "from": set()},
+            )
+            entry["contenders"].append(name)
+            entry["rows"].add(record["rows"])
+            entry["sha"].add(record["sha256"])
+            entry["batches"].add(record.get("batches_sha256"))
+            entry["from"].add(record["from"])
+    summary = {}
+    for epoch, entry in sorted(epochs.items()):
+        summary[epoch] = {
+            "contenders": entry["contenders"],
+            "rows": sorted(r for r in entry["rows"] if r is not None),
+            "same_rows": len(entry["sha"]) == 1 and None not in entry["sha"],
+            "same_batches": len(entry["batches"]) == 1 and None not in entry["batches"],
+            "from": sorted(entry["from"]),
+        }
+    ok = bool(summary) and all(
+        e["same_rows"] and e["same_batches"] and len(e["contenders"]) >= 2 for e in summary.values()
+    )
+    return {"ok": ok, "epochs": summary, "excluded": excluded}
+
+
+def _by_name(contenders: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+    for contender in contenders:
+        if contender["name"] == name and _ok(contender):
+            return contender
+    return None
+
+
+def _rows_per_s(contender: Mapping[str, Any] | None) -> float | None:
+    return None if contender is None else contender["passes"]["throughput"]["rows_per_s"]
+
+
+def best_prefetch(contenders: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The ``lance-prefetch`` setting with the most rows/s in the throughput pass."""
+    grid = [c for c in contenders if c["name"] == PREFETCH and _ok(c)]
+    return max(grid, key=_rows_per_s, default=None)
+
+
+def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, each with ``target``, ``applies`` (to this run's storage), ``value``,
+    ``met`` (``None`` if it could not be evaluated) and ``detail``."""
+    contenders = report["contenders"]
+    remote = report["meta"]["storage"]["kind"] != "local disk"
+    best = best_prefetch(contenders)
+    best_rate = _rows_per_s(best)
+    targets = []
+
+    def ratio_target(target: str, other: str, factor: float, applies: bool) -> None:
+        rate = _rows_per_s(_by_name(contenders, other))
+        if best_rate is None or rate is None:
+            targets.append(
+                {"target": target, "applies": applies, "value": None, "met": None,
+                 "detail": f"not measured ({PREFETCH} or {other} missing or failed)"}
+            )  # fmt: skip
+            return
+        value = best_rate / rate
+        targets.append(
+            {
+                "target": target,
+                "applies": applies,
+                "value": value,
+                "met": value >= factor,
+                "detail": f"best {PREFETCH} ({best['label']}) {best_rate:,.0f} rows/s = "
+                f"{value:.2f}x {other} ({rate:,.0f} rows/s)",
+            }
+        )
+
+    ratio_target(f"emulated S3: best {PREFETCH} >= 4x sequential rows/s", "sequential", 4, remote)
+    ratio_target(f"emulated S3: best {PREFETCH} >= map-style rows/s", "map-style", 1, remote)
+    ratio_target(f"local disk: best {PREFETCH} >= 0.9x ceiling rows/s", "ceiling", 0.9, not remote)
+
+    applicable, missed = [], []
+    for contender in contenders:
+        if contender["name"] != PREFETCH or not _ok(contender):
+            continue
+        step = contender["passes"]["step"]
+        mean_take = step.get("take_mean_ms")
+        mif = contender["settings"]["max_in_flight"]
+        if mean_take is None or step.get("wait_fraction") is None:
+            continue
+        if step["step_ms"] >= 1.2 * mean_take / mif:
+            applicable.append(contender["label"])
+            if step["wait_fraction"] >= WAIT_TARGET:
+                missed.append(f"{contender['label']}: {step['wait_fraction']:.1%}")
+    step_ms = report["meta"]["settings"]["step_ms"]
+    targets.append(
+        {
+            "target": f"{PREFETCH} wait fraction < 5% when step_ms >= 1.2 x mean take time / "
+            f"max_in_flight",
+            "applies": True,
+            "value": len(applicable) - len(missed),
+            "met": (not missed) if applicable else None,
+            "detail": (
+                f"step {step_ms:g} ms satisfies the condition for {len(applicable)} setting(s); "
+                + (f"missed by {', '.join(missed)}" if missed else "all of them waited < 5%")
+                if applicable
+                else f"step {step_ms:g} ms is shorter than 1.2 x mean take / max_in_flight for "
+                f"every setting: raise --step-ms"
+            ),
+        }
+    )
+    return targets
+
+
+# -- Markdown ------------------------------------------------------------------------------------
+def _fmt(value: Any, spec: str = ",.0f", scale: float = 1.0) -> str:
+    if value is None:
+        return "n/a"
+    return format(value * scale, spec)
+
+
+def _settings_text(contender: Mapping[str, Any]) -> str:
+    settings = contender.get("settings", {})
+    if contender["name"] == PREFETCH:
+        return f"readahead={settings['readahead']}, max_in_flight={settings['max_in_flight']}"
+    if contender["name"] == "ceiling" and _ok(contender):
+        repeats = settings.get("repeats", 1)
+        tried = f"{settings['concurrency']}" + (f" x {repeats} runs" if repeats > 1 else "")
+        return f"{contender['best_concurrency']} threads (best of {tried})"
+    if contender["name"] == "map-style":
+        return f"num_workers={settings['num_workers']}, spawn"
+    if contender["name"] == "lance-torch":
+        return f"batch_readahead={settings['batch_readahead']}, pseudo-random"
+    return ""
+
+
+def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    """The Markdown table's rows (header first)."""
+    step_ms = report["meta"]["settings"]["step_ms"]
+    rows = [
+        [
+            "contender", "settings", "rows/s", "batches/s", "MiB/s", "first batch ms",
+            "take p50 ms", "take p99 ms", "peak RSS MiB", f"waited, {step_ms:g} ms step",
+            "start s",
+        ]
+    ]  # fmt: skip
+    best = best_prefetch(report["contenders"])
+    for contender in report["contenders"]:
+        name = contender["name"]
+        if best is not None and contender is best:
+            name = f"**{name}** (best)"
+        if not _ok(contender):
+            rows.append(
+                [name, _settings_text(contender), f"failed: {contender['error']}"] + [""] * 8
+            )
+            continue
+        throughput = contender["passes"]["throughput"]
+        step = contender["passes"].get("step", {})
+        rows.append(
+            [
+                name,
+                _settings_text(contender),
+                _fmt(throughput["rows_per_s"]),
+                _fmt(throughput["batches_per_s"], ",.1f"),
+                _fmt(throughput["mib_per_s"], ",.1f"),
+                _fmt(throughput["first_batch_s"], ",.0f", 1000),
+                _fmt(throughput.get("take_p50_ms"), ",.1f"),
+                _fmt(throughput.get("take_p99_ms"), ",.1f"),
+                _fmt(contender.get("peak_rss_mib")),
+                _fmt(step.get("wait_fraction"), ".1%"),
+                _fmt(contender["setup_s"] + contender["warmup_s"], ",.1f"),
+            ]
+        )
+    return rows
+
+
+def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> str:
+    """The report as Markdown: setup, the table, the same-ids check, the targets, the notes."""
+    meta = report["meta"]
+    settings, storage, dataset = meta["settings"], meta["storage"], meta["dataset"]
+    lines = [
+        f"## lance-prefetch bench: {storage['kind']}",
+        "",
+        f"- machine: {meta['machine']['summary']}; load average {meta['load_average_start']} at "
+        f"the start, {meta['load_average_end']} at the end",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
+        f"- storage: {storage['description']}",
+        f"- `LANCE_IO_THREADS`: {storage['lance_io_threads']}; request-rate limiter: "
+        f"{storage['limiter']}",
+        f"- dataset: {dataset['rows']:,} rows in {dataset['fragments']} fragment(s), columns "
+        f"{dataset['columns']} ({dataset['bytes_per_row']:,.0f} bytes a row)",
+        f"- each contender: its own process; {settings['warmup_batches']} warm-up batches, then "
+        f"{settings['batches']} batches of {settings['batch_size']} rows as fast as it can "
+        f"(rows/s, MiB/s, first batch, take latency), then {settings['batches']} more with a "
+        f"{settings['step_ms']:g} ms sleep after each (waited); start = building it and the "
+        f"warm-up (for map-style: starting its workers); seed {settings['seed']}",
+        f"- total run time: {meta['total_s']:.0f} s",
+        "",
+    ]
+    table = table_rows(report)
+    lines.append("| " + " | ".join(table[0]) + " |")
+    lines.append("|" + "---|" * len(table[0]))
+    lines.extend("| " + " | ".join(row) + " |" for row in table[1:])
+    lines.append("")
+    if plot_name:
+        lines += [f"![throughput and wait fraction vs readahead]({plot_name})", ""]
+    check = report["ids_check"]
+    lines.append(f"**Same rows:** {'yes' if check['ok'] else 'NO'}.")
+    for epoch, entry in check["epochs"].items():
+        lines.append(
+            f"- epoch {epoch}: {len(entry['contenders'])} contenders, {entry['rows']} rows each, "
+            f"same rows: {entry['same_rows']}, same batches in the same order: "
+            f"{entry['same_batches']} (ids from {', '.join(entry['from'])})"
+        )
+    lines.extend(f"- {name} not compared: {reason}" for name, reason in check["excluded"].items())
+    lines += ["", "**Targets:**"]
+    for target in report["targets"]:
+        verdict = {True: "met", False: "MISSED", None: "not evaluated"}[target["met"]]
+        scope = "" if target["applies"] else " (does not apply to this storage; for information)"
+        lines.append(f"- {target['target']}: **{verdict}**{scope}; {target['detail']}")
+    notes = sorted(
+        {f"{c['name']}: {note}" for c in report["contenders"] for note in c.get("notes", [])}
+    )
+    if notes:
+        lines += ["", "**Notes:**"] + [f"- {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+# -- plot ------------------------------------------------------------------------------------------
+def write_plot(report: Mapping[str, Any], path: Path) -> None:
+    """Rows/s and wait fraction vs readahead, one line per max_in_flight, baselines as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contenders = [c for c in report["contenders"] if _ok(c)]
+    grid = [c for c in contenders if c["name"] == PREFETCH]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, mif in enumerate(sorted({c["settings"]["max_in_flight"] for c in grid})):
+        points = sorted(
+            (c["settings"]["readahead"], c) for c in grid if c["settings"]["max_in_flight"] == mif
+        )
+        xs = [ra for ra, _ in points]
+        color = colors[index % len(colors)]
+        left.plot(
+            xs, [c["passes"]["throughput"]["rows_per_s"] for _, c in points], "o-",
+            color=color, label=f"max_in_flight={mif}",
+        )  # fmt: skip
+        right.plot(
+            xs, [100 * (c["passes"]["step"].get("wait_fraction") or 0) for _, c in points], "o-",
+            color=color, label=f"max_in_flight={mif}",
+        )  # fmt: skip
+    baselines = {  # name: (color, line style)
+        "sequential": ("black", ":"),
+        "map-style": ("tab:red", "--"),
+        "lance-torch": ("tab:purple", "-."),
+        "ceiling": ("dimgray", "-"),
+    }
+    for name, (color, style) in baselines.items():
+        contender = _by_name(contenders, name)
+        if contender is None:
+            continue
+        label = {
+            "lance-torch": "lance-torch (pseudo-random)",
+            "ceiling": f"ceiling ({contender.get('best_concurrency')} threads)",
+        }.get(name, name)
+        line = {"color": color, "linestyle": style, "linewidth": 1.2, "label": label}
+        left.axhline(contender["passes"]["throughput"]["rows_per_s"], **line)
+        wait = contender["passes"].get("step", {}).get("wait_fraction")
+        if wait is not None:
+            right.axhline(100 * wait, **line)
+    readaheads = sorted({c["settings"]["readahead"] for c in grid})
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        if readaheads:
+            axis.set_xticks(readaheads, [str(value) for value in readaheads])
+            axis.minorticks_off()
+        axis.set_xlabel("readahead (batches)")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+    left.set_ylabel("rows/s (throughput pass)")
+    left.set_ylim(bottom=0)
+    step_ms = report["meta"]["settings"]["step_ms"]
+    right.set_ylabel(f"% of wall time waiting for data ({step_ms:g} ms step)")
+    right.set_ylim(bottom=0)
+    meta = report["meta"]
+    storage, settings = meta["storage"], meta["settings"]
+    latency = storage.get("latency")
+    added = (
+        f", +{latency['delay_ms']:g} +/- {latency['jitter_ms']:g} ms, "
+        f"{latency['tail_fraction']:.0%} +{latency['tail_ms']:g} ms"
+        if latency
+        else ""
+    )
+    figure.suptitle(
+        f"lance-prefetch bench, {storage['kind']}{added}: {meta['dataset']['rows']:,} rows, "
+        f"batch {settings['batch_size']}, {settings['batches']} batches a pass, "
+        f"{meta['machine']['cores']} cores",
+        fontsize=10,
+    )
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_outputs(report: Mapping[str, Any], out_dir: Path, name: str) -> dict[str, Path]:
+    """Write ``NAME.json``, ``NAME.md`` and ``NAME.png`` to ``out_dir`` (created if missing).
+
+    Returns:
+        dict[str, Path]: the paths, keyed ``json``, ``markdown``, ``plot``.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": out_dir / f"{name}.json",
+        "markdown": out_dir / f"{name}.md",
+        "plot": out_dir / f"{name}.png",
+    }
+    paths["json"].write_text(json.dumps(report, indent=1) + "\n")
+    write_plot(report, paths["plot"])
+    paths["markdown"].write_text(to_markdown(report, plot_name=paths["plot"].name))
+    return paths

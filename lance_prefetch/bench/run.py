@@ -1,0 +1,419 @@
+"""The benchmark run: set up the data (and the emulated S3), run each contender, write the report.
+
+Entry points: :func:`run_bench` (a :class:`BenchConfig` in, a report dict out), the
+``lance-prefetch bench`` command (its arguments are in :mod:`~lance_prefetch.bench._arguments`)
+and :func:`main`, behind ``python benchmarks/bench.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..source import redact
+from . import _environment as environment
+from ._process import sigint_deferred
+from .contenders import KINDS, ContenderSpec
+from .latency_proxy import Latency
+
+__all__ = ["BenchConfig", "main", "run_bench"]
+
+logger = logging.getLogger(__name__)
+
+_LOCAL_SCHEMES = ("", "file", "file+uring")
+_MIB = 2**20
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """What one benchmark run does.
+
+    Args:
+        uri (str, optional): the dataset to read. Default: ``None``: write a synthetic dataset of
+            ``rows`` rows (see :func:`~lance_prefetch.bench.data.write_synthetic`) to a temporary
+            folder, or to the emulated S3 with ``local_s3``, and remove it afterwards.
+        local_s3 (bool): emulate S3 on 127.0.0.1 (nginx + rclone + latency proxy); needs
+            ``uri=None``. Default: ``False``.
+        rows (int): rows of the synthetic dataset. Default: ``20000``.
+        rows_per_file (int): rows per fragment of the synthetic dataset. Default: ``5000``.
+        storage_options (dict[str, str]): passed to Lance. Default: ``{}``.
+        columns (tuple[str, ...], optional): columns to read. Default: ``None``, all.
+        batch_size (int): rows per batch. Default: ``256``.
+        batches (int): batches per timed pass (capped at the batches of one epoch). Default: ``48``.
+        warmup_batches (int): untimed batches before the passes. Default: ``2``.
+        seed (int): seed of every epoch's permutation. Default: ``0``.
+        step_ms (float): simulated training step of the step pass, in ms. Default: ``50.0``.
+        readahead (tuple[int, ...]): the ``lance-prefetch`` grid's readahead values. Default:
+            ``(1, 4, 16, 64)``.
+        max_in_flight (tuple[int, ...]): its max_in_flight values; pairs with
+            ``max_in_flight > readahead`` are skipped. Default: ``(1, 4, 16)``.
+        ceiling_concurrency (tuple[int, ...]): thread-pool sizes tried by ``ceiling``. Default:
+            ``(4, 16, 64)``.
+        ceiling_repeats (int): runs of ``ceiling`` per pool size; the best counts. Default: ``2``.
+        map_workers (int): DataLoader workers of ``map-style``. Default: ``4``.
+        contenders (tuple[str, ...]): which contenders to run. Default: all five.
+        latency (Latency): latency added by the emulated S3. Default: ``Latency()``.
+        aimd_rate (int): pins Lance's request-rate limiter on object stores
+            (``lance_aimd_initial_rate`` = ``lance_aimd_max_rate``, requests/s) unless the storage
+            options set it; ``0`` leaves Lance's default (a ramp). Default: ``5000``.
+        io_threads (int, optional): ``LANCE_IO_THREADS`` for the contenders. Default: ``None``
+            (the environment's value, else Lance's default).
+        id_column (str, optional): column with row ids for the same-ids check. Default: ``"id"``.
+        record_ids (bool): store every id read in the JSON, not only checksums. Default: ``False``.
+        out_dir (Path): where the JSON, Markdown and PNG go. Default: ``bench-results``.
+        name (str): their file name, without suffix. Default: ``"bench"``.
+        contender_timeout_s (float): a contender running longer is stopped and reported as
+            failed. Default: ``300``.
+        progress (bool): show a progress bar on stderr. Default: ``True``.
+
+    Raises:
+        ValueError: a value is out of range, ``local_s3`` with a ``uri``, an unknown contender, or
+            an empty ``lance-prefetch`` grid.
+    """
+
+    uri: str | None = None
+    local_s3: bool = False
+    rows: int = 20_000
+    rows_per_file: int = 5_000
+    storage_options: dict[str, str] = field(default_factory=dict)
+    columns: tuple[str, ...] | None = None
+    batch_size: int = 256
+    batches: int = 48
+    warmup_batches: int = 2
+    seed: int = 0
+    step_ms: float = 50.0
+    readahead: tuple[int, ...] = (1, 4, 16, 64)
+    max_in_flight: tuple[int, ...] = (1, 4, 16)
+    ceiling_concurrency: tuple[int, ...] = (4, 16, 64)
+    ceiling_repeats: int = 2
+    map_workers: int = 4
+    contenders: tuple[str, ...] = KINDS
+    latency: Latency = field(default_factory=Latency)
+    aimd_rate: int = 5000
+    io_threads: int | None = None
+    id_column: str | None = "id"
+    record_ids: bool = False
+    out_dir: Path = Path("bench-results")
+    name: str = "bench"
+    contender_timeout_s: float = 300.0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.local_s3 and self.uri is not None:
+            raise ValueError(
+                f"--local-s3 writes its own dataset to the emulated S3, so give no URI "
+                f"(got {self.uri!r}); to read your own dataset from S3, pass its URI and "
+                f"--storage-option KEY=VALUE"
+            )
+        for name in (
+            "rows", "rows_per_file", "batch_size", "batches", "map_workers", "ceiling_repeats",
+        ):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} should be >= 1, but got {name}={getattr(self, name)}")
+        for name in ("warmup_batches", "seed", "aimd_rate"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} should be >= 0, but got {name}={getattr(self, name)}")
+        if self.step_ms < 0:
+            raise ValueError(f"step_ms should be >= 0, but got step_ms={self.step_ms}")
+        unknown = [name for name in self.contenders if name not in KINDS]
+        if unknown or not self.contenders:
+            raise ValueError(f"contenders should be among {list(KINDS)}, but got {unknown or '[]'}")
+        for name in ("readahead", "max_in_flight", "ceiling_concurrency"):
+            values = getattr(self, name)
+            if not values or min(values) < 1:
+                raise ValueError(f"{name} should be integers >= 1, but got {list(values)}")
+        if "lance-prefetch" in self.contenders and not self.grid():
+            raise ValueError(
+                f"no lance-prefetch setting has max_in_flight <= readahead: readahead="
+                f"{list(self.readahead)}, max_in_flight={list(self.max_in_flight)}"
+            )
+
+    def grid(self) -> list[tuple[int, int]]:
+        """The ``(readahead, max_in_flight)`` pairs to run, ``max_in_flight <= readahead``."""
+        return [
+            (readahead, mif)
+            for mif in sorted(set(self.max_in_flight))
+            for readahead in sorted(set(self.readahead))
+            if mif <= readahead
+        ]
+
+
+def _scheme(uri: str) -> str:
+    return uri.split("://", 1)[0] if "://" in uri else ""
+
+
+def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Run the benchmark that ``config`` describes; stop everything it started, whatever happens.
+
+    Returns:
+        tuple[dict, dict[str, Path]]: the report (see :mod:`~lance_prefetch.bench.report`) and
+        the paths of the JSON, Markdown and PNG files written.
+
+    Raises:
+        FileNotFoundError: no dataset at ``uri``, or nginx/rclone missing for ``local_s3``.
+        ValueError: a column is not in the dataset, or it has fewer rows than one batch.
+        KeyboardInterrupt: Ctrl-C; the servers, contender processes and temporary files are
+            gone when it propagates.
+    """
+    started = time.perf_counter()
+    load_start = environment.load_average()
+    stack = contextlib.ExitStack()
+    try:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lance-bench-")))
+        uri, options, storage = _prepare_storage(config, stack, workdir)
+        dataset = _describe_dataset(uri, options, config)
+        report = {
+            "meta": {
+                "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                "machine": environment.machine(),
+                "versions": environment.versions(config.local_s3),
+                "dataset": dataset,
+                "storage": storage,
+                "settings": _settings(config, dataset),
+                "load_average_start": load_start,
+            },
+            "contenders": _run_contenders(config, uri, options, dataset, workdir, storage),
+        }
+    finally:
+        with sigint_deferred():
+            stack.close()
+    from . import report as reporting
+
+    report["meta"]["load_average_end"] = environment.load_average()
+    report["ids_check"] = reporting.check_ids(report["contenders"])
+    report["targets"] = reporting.evaluate_targets(report)
+    report["meta"]["total_s"] = time.perf_counter() - started
+    paths = reporting.write_outputs(report, Path(config.out_dir), config.name)
+    return report, paths
+
+
+# -- storage and data ------------------------------------------------------------------------------
+def _prepare_storage(
+    config: BenchConfig, stack: contextlib.ExitStack, workdir: Path
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """(uri, storage options for the contenders, storage description)."""
+    from .data import write_synthetic
+
+    options = dict(config.storage_options)
+    servers = None
+    if config.local_s3:
+        from .local_s3 import LocalS3
+
+        s3 = stack.enter_context(LocalS3(latency=config.latency))
+        uri = s3.uri("bench.lance")
+        logger.info("writing %d rows to %s", config.rows, uri)
+        # Written without the added latency (faster); read through it.
+        write_synthetic(
+            uri, config.rows, rows_per_file=config.rows_per_file,
+            storage_options=s3.storage_options(with_latency=False), seed=config.seed,
+        )  # fmt: skip
+        options = {**s3.storage_options(), **options}
+        servers = {"pids": list(s3.pids), "ports": list(s3.ports)}
+        kind = "emulated S3"
+        description = (
+            f"emulated S3 on 127.0.0.1 (nginx {environment.nginx_version()} for object GET/HEAD, rclone serve "
+            f"s3 for the rest), latency proxy adding {config.latency.describe()} per request "
+            f"(seed {config.latency.seed})"
+        )
+    elif config.uri is None:
+        uri = str(workdir / "bench.lance")
+        logger.info("writing %d rows to %s", config.rows, uri)
+        write_synthetic(uri, config.rows, rows_per_file=config.rows_per_file, seed=config.seed)
+        kind, description = "local disk", f"synthetic dataset in a temporary folder ({workdir})"
+    else:
+        uri = config.uri
+        remote = _scheme(uri) not in _LOCAL_SCHEMES
+        kind = "object store" if remote else "local disk"
+        description = uri if not remote else f"{uri} ({_endpoint(options)})"
+    remote = kind != "local disk"
+    limiter = "not used (local files)"
+    if remote:
+        given = {"lance_aimd_initial_rate", "lance_aimd_max_rate"} & set(options)
+        if given:
+            limiter = ", ".join(f"{key}={options[key]}" for key in sorted(given)) + " (given)"
+        elif config.aimd_rate:
+            rate = str(config.aimd_rate)
+            options.update(lance_aimd_initial_rate=rate, lance_aimd_max_rate=rate)
+            limiter = f"pinned at {rate} requests/s (lance_aimd_initial_rate = lance_aimd_max_rate)"
+        else:
+            limiter = "Lance's default (starts near 2,000 requests/s and ramps up)"
+    io_threads = config.io_threads or os.environ.get("LANCE_IO_THREADS")
+    storage = {
+        "kind": kind,
+        "description": description,
+        "latency": asdict(config.latency) if config.local_s3 else None,
+        "limiter": limiter,
+        "lance_io_threads": str(io_threads)
+        if io_threads
+        else "unset (Lance's default: 64 for object stores, 8 for local files)",
+        "storage_options": redact(options),
+        "servers": servers,
+    }
+    return uri, options, storage
+
+
+def _endpoint(options: Mapping[str, str]) -> str:
+    for key in ("aws_endpoint", "endpoint", "aws_endpoint_url"):
+        if key in options:
+            return f"endpoint {options[key]}"
+    return "default endpoint"
+
+
+def _describe_dataset(uri: str, options: dict[str, str], config: BenchConfig) -> dict[str, Any]:
+    import lance
+
+    try:
+        dataset = lance.dataset(uri, storage_options=options or None)
+    except ValueError as exc:
+        if "not found" in str(exc).lower():
+            raise FileNotFoundError(f"no Lance dataset at {uri!r}: {exc}") from exc
+        raise
+    names = dataset.schema.names
+    columns = list(config.columns) if config.columns else names
+    unknown = [name for name in columns if name not in names]
+    if unknown:
+        raise ValueError(
+            f"columns {unknown} are not in the dataset {uri!r}; its columns are {names}"
+        )
+    rows = dataset.count_rows()
+    if rows < config.batch_size:
+        raise ValueError(
+            f"the dataset {uri!r} has {rows} rows, fewer than one batch of {config.batch_size}"
+        )
+    sample = dataset.take(list(range(min(rows, 256))), columns=columns)
+    return {
+        "uri": uri,
+        "version": dataset.version,
+        "rows": rows,
+        "fragments": len(dataset.get_fragments()),
+        "columns": columns,
+        "bytes_per_row": sample.nbytes / sample.num_rows,
+        "synthetic": config.uri is None,
+    }
+
+
+# -- contenders ------------------------------------------------------------------------------------
+def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]:
+    per_epoch = dataset["rows"] // config.batch_size
+    batches = min(config.batches, per_epoch)
+    if batches < config.batches:
+        logger.warning(
+            "an epoch has only %d batches of %d rows; reading %d per pass, not %d",
+            per_epoch, config.batch_size, batches, config.batches,
+        )  # fmt: skip
+    return {
+        "batch_size": config.batch_size,
+        "batches": batches,
+        "batches_asked": config.batches,
+        "warmup_batches": config.warmup_batches,
+        "seed": config.seed,
+        "step_ms": config.step_ms,
+        "grid": config.grid(),
+        "ceiling_concurrency": list(config.ceiling_concurrency),
+        "ceiling_repeats": config.ceiling_repeats,
+        "map_workers": config.map_workers,
+        "contenders": list(config.contenders),
+    }
+
+
+def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, dict, ContenderSpec]]:
+    """(label, settings, spec) of each contender process, in the order they run."""
+    runs = []
+    for kind in KINDS:
+        if kind not in config.contenders:
+            continue
+        if kind == "lance-prefetch":
+            for readahead, mif in config.grid():
+                spec = ContenderSpec(kind=kind, readahead=readahead, max_in_flight=mif, **base)
+                settings = {"readahead": readahead, "max_in_flight": mif}
+                runs.append((f"lance-prefetch r{readahead}/m{mif}", settings, spec))
+            continue
+        settings: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        if kind == "ceiling":
+            extra["concurrency"] = settings["concurrency"] = list(config.ceiling_concurrency)
+            extra["ceiling_repeats"] = settings["repeats"] = config.ceiling_repeats
+        elif kind == "map-style":
+            extra["num_workers"] = settings["num_workers"] = config.map_workers
+        elif kind == "lance-torch":
+            settings["batch_readahead"] = 16
+        runs.append((kind, settings, ContenderSpec(kind=kind, **extra, **base)))
+    return runs
+
+
+def _ticks(spec: ContenderSpec) -> int:
+    if spec.kind == "ceiling":
+        return spec.batches * len(spec.concurrency) * spec.ceiling_repeats
+    return 2 * spec.batches
+
+
+def _run_contenders(
+    config: BenchConfig,
+    uri: str,
+    options: dict[str, str],
+    dataset: Mapping[str, Any],
+    workdir: Path,
+    storage: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    from tqdm import tqdm
+
+    from ._launch import run_isolated
+
+    settings = _settings(config, dataset)
+    base = {
+        "uri": uri,
+        "version": dataset["version"],
+        "num_rows": dataset["rows"],
+        "columns": dataset["columns"],
+        "storage_options": options or None,
+        "batch_size": config.batch_size,
+        "batches": settings["batches"],
+        "warmup_batches": config.warmup_batches,
+        "seed": config.seed,
+        "step_ms": config.step_ms,
+        "id_column": config.id_column,
+        "record_ids": config.record_ids,
+    }
+    env = dict(os.environ)
+    if config.io_threads:
+        env["LANCE_IO_THREADS"] = str(config.io_threads)
+    runs = _plan(config, base)
+    results = []
+    with tqdm(
+        total=sum(_ticks(spec) for _, _, spec in runs),
+        unit="batch",
+        disable=None if config.progress else True,  # None: only on a terminal
+        file=sys.stderr,
+        dynamic_ncols=True,
+    ) as bar:
+        for index, (label, run_settings, spec) in enumerate(runs):
+            bar.set_description(f"{label} ({index + 1}/{len(runs)})")
+            result = run_isolated(
+                spec,
+                workdir=workdir,
+                tag=f"{index:02d}-{spec.kind}",
+                env=env,
+                progress=bar.update,
+                timeout_s=config.contender_timeout_s,
+            )
+            if "error" in result:
+                bar.write(f"{label} failed: {result['error']}", file=sys.stderr)
+                logger.warning("%s failed: %s\n%s", label, result["error"], result.get("log", ""))
+            results.append({"name": spec.kind, "label": label, "settings": run_settings, **result})
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python benchmarks/bench.py ...``: the same as ``lance-prefetch bench ...``."""
+    from ..cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])

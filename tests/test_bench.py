@@ -1,0 +1,346 @@
+"""Tests for ``lance-prefetch bench``: the emulated S3, the bookkeeping, the outputs, the cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+psutil = pytest.importorskip("psutil")
+pytest.importorskip("matplotlib")
+pytest.importorskip("tqdm")
+
+from lance_prefetch import cli  # noqa: E402
+from lance_prefetch.bench import local_s3, report  # noqa: E402
+from lance_prefetch.bench._process import ManagedProcess  # noqa: E402
+from lance_prefetch.bench.data import write_synthetic  # noqa: E402
+from lance_prefetch.bench.latency_proxy import Latency  # noqa: E402
+from lance_prefetch.bench.run import BenchConfig, run_bench  # noqa: E402
+from lance_prefetch.sampling import EpochPlan  # noqa: E402
+
+
+@pytest.fixture
+def need_nginx():
+    """Skip without nginx, except under CI (CI=true), where `make test` must have installed it."""
+    try:
+        local_s3.find_nginx()
+    except FileNotFoundError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("nginx is not installed (make install installs it)")
+
+
+def _listening_ports() -> set[int]:
+    return {
+        conn.laddr.port
+        for conn in psutil.net_connections(kind="tcp")
+        if conn.status == psutil.CONN_LISTEN
+    }
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if text in cmdline and process.pid != os.getpid():
+            found.append(f"{process.pid}: {cmdline[:200]}")
+    return found
+
+
+# -- the emulated S3 -------------------------------------------------------------------------------
+def test_local_s3_routes_reads_to_nginx_and_the_api_to_rclone(need_nginx):
+    """Lance writes and reads through the endpoint; an object GET with a Range gets a real 206
+    (nginx), a request without a signature is refused (rclone checks it); all stopped at exit."""
+    import lance
+
+    with local_s3.LocalS3(latency=None) as s3:
+        uri = write_synthetic(s3.uri("t.lance"), 300, rows_per_file=100,
+                              storage_options=s3.storage_options())  # fmt: skip
+        dataset = lance.dataset(uri, storage_options=s3.storage_options())
+        assert dataset.take([299, 0, 150], columns=["id"]).column("id").to_pylist() == [299, 0, 150]
+        data_file = dataset.get_fragments()[0].data_files()[0].path
+        port = int(s3.endpoint.rsplit(":", 1)[1])
+        with contextlib.closing(http.client.HTTPConnection("127.0.0.1", port, timeout=10)) as http_:
+            http_.request("GET", f"/bench/t.lance/data/{data_file}", headers={"Range": "bytes=0-9"})
+            response = http_.getresponse()
+            assert (response.status, len(response.read())) == (206, 10)  # nginx, a real range
+            for method, path in (("PUT", "/bench/t.lance/unsigned"), ("GET", "/bench?list-type=2")):
+                http_.request(method, path, body=b"x" if method == "PUT" else None)
+                response = http_.getresponse()
+                body = response.read()  # rclone: an S3 error for a request without a signature
+                assert response.status in (400, 403) and body.startswith(b"<?xml"), body
+        pids, ports = list(s3.pids), list(s3.ports)
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]
+    assert not set(ports) & _listening_ports()
+
+
+def test_latency_proxy_holds_each_response(need_nginx):
+    """Every request on a kept-alive connection takes at least the delay, tail included."""
+    with local_s3.LocalS3(latency=Latency(delay_ms=40, jitter_ms=0, tail_fraction=1.0,
+                                          tail_ms=30)) as s3:  # fmt: skip
+        port = int(s3.endpoint.rsplit(":", 1)[1])
+        assert s3.endpoint != s3.server_endpoint
+        took = []
+        with contextlib.closing(http.client.HTTPConnection("127.0.0.1", port, timeout=10)) as http_:
+            for _ in range(4):
+                started = time.perf_counter()
+                http_.request("GET", "/bench/missing-object")
+                response = http_.getresponse()
+                response.read()
+                took.append(time.perf_counter() - started)
+                assert response.status == 404
+    assert all(0.069 <= seconds < 1.0 for seconds in took), took
+
+
+def test_latency_draws_are_seeded_and_bounded():
+    latency = Latency(delay_ms=30, jitter_ms=10, tail_fraction=0.5, tail_ms=150, seed=7)
+    first, second = latency.sampler(), latency.sampler()
+    draws = [first() for _ in range(200)]
+    assert draws == [second() for _ in range(200)]
+    assert all(0.020 <= d <= 0.040 or 0.170 <= d <= 0.190 for d in draws)
+    assert 50 < sum(d > 0.1 for d in draws) < 150
+    with pytest.raises(ValueError, match=r"^tail_fraction should be in \[0, 1\], but got"):
+        Latency(tail_fraction=2)
+    with pytest.raises(ValueError, match=r"^delay_ms should be >= 0, but got delay_ms=-1"):
+        Latency(delay_ms=-1)
+
+
+def test_missing_nginx_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(local_s3.shutil, "which", lambda *args, **kwargs: None)
+    with pytest.raises(FileNotFoundError, match=r"apt-get install -y nginx-light"):
+        local_s3.find_nginx()
+    with pytest.raises(FileNotFoundError, match=r"pip install 'lance-prefetch\[bench\]'"):
+        local_s3.find_rclone()
+
+
+def test_managed_process_stops_its_whole_group():
+    """SIGTERM reaches the process and what it started; nothing is left."""
+    process = ManagedProcess(["sh", "-c", "sleep 60 & sleep 60 & wait"], name="sleepers")
+    deadline = time.monotonic() + 5
+    while len(psutil.Process(process.pid).children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    children = [child.pid for child in psutil.Process(process.pid).children()]
+    assert len(children) == 2
+    process.stop()
+    process.stop()  # idempotent
+    time.sleep(0.1)
+    assert not [pid for pid in [process.pid, *children] if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+
+
+# -- configuration and the command line ------------------------------------------------------------
+def test_config_refuses_bad_combinations():
+    with pytest.raises(ValueError, match=r"^--local-s3 writes its own dataset"):
+        BenchConfig(local_s3=True, uri="data.lance")
+    with pytest.raises(ValueError, match=r"^no lance-prefetch setting has max_in_flight <= read"):
+        BenchConfig(readahead=(2,), max_in_flight=(4,))
+    with pytest.raises(ValueError, match=r"^contenders should be among"):
+        BenchConfig(contenders=("sequential", "magic"))
+    assert BenchConfig(readahead=(1, 4), max_in_flight=(1, 4, 16)).grid() == [
+        (1, 1),
+        (4, 1),
+        (4, 4),
+    ]
+
+
+def test_cli_bench_reports_errors_without_a_traceback(tmp_path, capsys):
+    assert cli.main(["bench", "--local-s3", str(tmp_path / "x.lance")]) == 1
+    assert capsys.readouterr().err.startswith("ValueError: --local-s3 writes its own dataset")
+    assert cli.main(["bench", str(tmp_path / "missing.lance"), "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith("FileNotFoundError: no Lance dataset at")
+
+
+# -- the report ------------------------------------------------------------------------------------
+def _contender(name, label, sha, batches_sha="b", rows=8):
+    record = {"epoch": 0, "from": "id column", "rows": rows, "sha256": sha,
+              "batches_sha256": batches_sha}  # fmt: skip
+    return {"name": name, "label": label, "ids": {"0": record}}
+
+
+def test_check_ids_finds_a_contender_that_read_other_rows():
+    same = [_contender("sequential", "sequential", "a"), _contender("ceiling", "ceiling", "a")]
+    torch_reader = _contender("lance-torch", "lance-torch", "z")
+    assert report.check_ids([*same, torch_reader])["ok"]
+    assert "lance-torch" in report.check_ids([*same, torch_reader])["excluded"]
+    other = report.check_ids([*same, _contender("lance-prefetch", "lance-prefetch r1/m1", "x")])
+    assert not other["ok"] and not other["epochs"]["0"]["same_rows"]
+    reordered = report.check_ids([*same, _contender("map-style", "map-style", "a", "c")])
+    assert not reordered["ok"] and reordered["epochs"]["0"]["same_rows"]
+    assert not reordered["epochs"]["0"]["same_batches"]
+
+
+def _fake_report(tmp_path):
+    meta = {
+        "machine": {"summary": "2 cores", "cores": 2}, "versions": {"pylance": "14"},
+        "load_average_start": "0", "load_average_end": "0", "total_s": 1.0,
+        "storage": {"kind": "emulated S3", "description": "d", "lance_io_threads": "unset",
+                    "limiter": "pinned", "latency": {"delay_ms": 30, "jitter_ms": 10,
+                                                     "tail_fraction": 0.01, "tail_ms": 150}},
+        "dataset": {"rows": 1000, "fragments": 1, "columns": ["id"], "bytes_per_row": 8.0},
+        "settings": {"batch_size": 10, "batches": 5, "warmup_batches": 1, "step_ms": 50.0,
+                     "seed": 0},
+    }  # fmt: skip
+
+    def passes(rows_per_s, wait, take_ms):
+        metrics = {"rows_per_s": rows_per_s, "batches_per_s": 1.0, "mib_per_s": 1.0,
+                   "first_batch_s": 0.1, "take_p50_ms": take_ms, "take_p99_ms": take_ms,
+                   "take_mean_ms": take_ms}  # fmt: skip
+        return {"throughput": metrics, "step": {**metrics, "step_ms": 50.0, "wait_fraction": wait}}
+
+    common = {"setup_s": 0.1, "warmup_s": 0.1, "peak_rss_mib": 300.0, "notes": []}
+    contenders = [
+        {"name": "sequential", "label": "sequential", "settings": {},
+         "passes": passes(1000, 0.6, 100), **common},
+        {"name": "map-style", "label": "map-style", "settings": {"num_workers": 4},
+         "error": "RuntimeError: boom"},
+        *({"name": "lance-prefetch", "label": f"lance-prefetch r{ra}/m{mif}",
+           "settings": {"readahead": ra, "max_in_flight": mif},
+           "passes": passes(rate, wait, 100), **common}
+          for ra, mif, rate, wait in ((4, 1, 1100, 0.5), (4, 4, 4500, 0.01), (16, 4, 3900, 0.08))),
+    ]  # fmt: skip
+    return {"meta": meta, "contenders": contenders, "ids_check": report.check_ids(contenders)}
+
+
+def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
+    """Targets use the best setting; a failed contender is a table row and not evaluated."""
+    fake = _fake_report(tmp_path)
+    targets = {t["target"]: t for t in report.evaluate_targets(fake)}
+    four_x = targets["emulated S3: best lance-prefetch >= 4x sequential rows/s"]
+    assert four_x["met"] and four_x["value"] == pytest.approx(4.5)
+    assert targets["emulated S3: best lance-prefetch >= map-style rows/s"]["met"] is None
+    wait = targets[
+        "lance-prefetch wait fraction < 5% when step_ms >= 1.2 x mean take time / max_in_flight"
+    ]
+    # 50 ms >= 1.2 * 100 / 4 for the two max_in_flight=4 settings; r16/m4 waited 8%
+    assert wait["met"] is False and "lance-prefetch r16/m4: 8.0%" in wait["detail"]
+    fake["targets"] = list(targets.values())
+    paths = report.write_outputs(fake, tmp_path / "out", "fake")
+    markdown = paths["markdown"].read_text()
+    assert "| map-style | num_workers=4, spawn | failed: RuntimeError: boom |" in markdown
+    assert "| **lance-prefetch** (best) | readahead=4, max_in_flight=4 | 4,500 |" in markdown
+    assert paths["plot"].stat().st_size > 10_000
+
+
+# -- whole runs ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_every_contender_reads_the_same_rows(tmp_path):
+    """Acceptance 3: on a local dataset, every contender read exactly the plan's rows in each
+    epoch, in the same batches (ids from the data's id column, recorded in full). lance-torch,
+    which cannot read the plan's batches, is left out here (its exclusion from the check is tested
+    above), to keep the test short."""
+    uri = write_synthetic(str(tmp_path / "ids.lance"), 700, rows_per_file=250)
+    config = BenchConfig(
+        uri=uri, batch_size=32, batches=6, warmup_batches=1, step_ms=1, readahead=(2,),
+        max_in_flight=(2,), ceiling_concurrency=(1, 3), ceiling_repeats=1, map_workers=2,
+        contenders=("sequential", "map-style", "ceiling", "lance-prefetch"), record_ids=True,
+        out_dir=tmp_path / "out", name="ids", progress=False,
+    )  # fmt: skip
+    result, paths = run_bench(config)
+    contenders = {c["label"]: c for c in result["contenders"]}
+    assert [c for c in contenders.values() if "error" in c] == []
+    assert sorted(contenders) == ["ceiling", "lance-prefetch r2/m2", "map-style", "sequential"]
+    for epoch in (0, 1):
+        plan = EpochPlan(num_rows=700, batch_size=32, seed=0, epoch=epoch, world_size=1)
+        expected = sorted(i for b in list(plan.rank_batches(0))[:6] for i in b.indices.tolist())
+        readers = [c for c in contenders.values() if str(epoch) in c["ids"]]
+        assert len(readers) == (4 if epoch == 0 else 3)  # ceiling has no step pass
+        for contender in readers:
+            record = contender["ids"][str(epoch)]
+            assert record["from"] == "id column"
+            assert record["ids"] == expected, contender["label"]
+        assert len({c["ids"][str(epoch)]["batches_sha256"] for c in readers}) == 1
+    assert result["ids_check"]["ok"] and result["ids_check"]["excluded"] == {}
+    assert result["ids_check"]["epochs"]["0"]["same_batches"]
+    assert json.loads(paths["json"].read_text())["ids_check"]["ok"]
+
+
+@pytest.mark.slow
+def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, need_nginx):
+    """Acceptance 2, small: the command prints the table, writes JSON + Markdown + PNG with the
+    expected contenders and fields, exits 0, and no process or listening port it started is left
+    (checked by the pids and ports it reports, and by any process naming its temporary folder)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "-m", "lance_prefetch", "bench", "--local-s3", "--rows", "600",
+        "--rows-per-file", "200", "--batch-size", "64", "--batches", "4", "--warmup-batches", "1",
+        "--contenders", "sequential,lance-prefetch", "--readahead", "2", "--max-in-flight", "2",
+        "--delay-ms", "5", "--jitter-ms", "1", "--tail-fraction", "0", "--step-ms", "5",
+        "--out", str(out), "--name", "tiny",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=90, check=False,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^\| contender \| settings \| rows/s \|", result.stdout, re.MULTILINE)
+    assert (out / "tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| sequential |" in (out / "tiny.md").read_text()
+    data = json.loads((out / "tiny.json").read_text())
+    assert [c["label"] for c in data["contenders"]] == ["sequential", "lance-prefetch r2/m2"]
+    for contender in data["contenders"]:
+        assert "error" not in contender
+        for field in ("rows_per_s", "batches_per_s", "mib_per_s", "first_batch_s",
+                      "take_p50_ms", "take_p99_ms"):  # fmt: skip
+            assert contender["passes"]["throughput"][field] > 0, field
+        assert 0 <= contender["passes"]["step"]["wait_fraction"] <= 1
+        assert contender["peak_rss_mib"] > 0
+    storage = data["meta"]["storage"]
+    assert storage["kind"] == "emulated S3" and "lance_aimd_max_rate=5000" not in storage["limiter"]
+    assert storage["limiter"].startswith("pinned at 5000 requests/s")
+    assert data["ids_check"]["ok"]
+    assert {t["target"] for t in data["targets"]} >= {
+        "emulated S3: best lance-prefetch >= 4x sequential rows/s"
+    }
+    pids = storage["servers"]["pids"] + [c["pid"] for c in data["contenders"]]
+    time.sleep(0.2)
+    assert not [pid for pid in pids if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    assert not set(storage["servers"]["ports"]) & _listening_ports()
+    assert _processes_mentioning(str(temp)) == []
+    assert list(temp.iterdir()) == []  # temporary folders removed
+    assert shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_everything(tmp_path, need_nginx):
+    """Ctrl-C while a contender runs: exit code 130, "interrupted" on stderr and no traceback,
+    and no process naming the run's temporary folder is left. (SIGTERM unwinds the same way, as
+    exit code 143.)"""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    command = [
+        sys.executable, "-m", "lance_prefetch", "bench", "--local-s3", "--rows", "2000",
+        "--batch-size", "64", "--batches", "20", "--contenders", "sequential",
+        "--step-ms", "200", "--out", str(tmp_path / "out"), "--no-progress",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not any("_worker" in p for p in _processes_mentioning(str(temp))):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        time.sleep(1.0)  # the contender is reading
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == "interrupted"
+    time.sleep(0.2)
+    assert _processes_mentioning(str(temp)) == []
+    assert list(temp.iterdir()) == []
