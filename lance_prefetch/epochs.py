@@ -39,10 +39,10 @@ from typing import Any, NamedTuple
 import torch
 
 __all__ = [
-    "LOCK_TIMEOUT_S",
-    "MAX_EPOCH",
     "Decision",
     "EpochControl",
+    "LOCK_TIMEOUT_S",
+    "MAX_EPOCH",
     "Progress",
     "begin",
     "iteration_ident",
