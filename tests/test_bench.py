@@ -344,3 +344,32 @@ def test_ctrl_c_stops_everything(tmp_path, need_nginx):
     time.sleep(0.2)
     assert _processes_mentioning(str(temp)) == []
     assert list(temp.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_map_dataset_and_worker_contenders_read_the_same_rows(tmp_path):
+    """The optional contenders behind docs/choosing.md read the plan's batches too, and the report
+    compares one take per batch with one take per row."""
+    uri = write_synthetic(str(tmp_path / "ids.lance"), 300, rows_per_file=100)
+    config = BenchConfig(
+        uri=uri, batch_size=16, batches=3, warmup_batches=1, step_ms=1, map_workers=1,
+        contenders=("sequential", "prefetch-workers", "lance-map", "lance-map-rows"),
+        record_ids=True, out_dir=tmp_path / "out", name="choose", progress=False,
+    )  # fmt: skip
+    result, paths = run_bench(config)
+    contenders = {c["label"]: c for c in result["contenders"]}
+    assert sorted(contenders) == ["lance-map", "lance-map-rows", "prefetch-workers", "sequential"]
+    assert [c for c in contenders.values() if "error" in c] == []
+    for epoch in (0, 1):
+        plan = EpochPlan(num_rows=300, batch_size=16, seed=0, epoch=epoch, world_size=1)
+        expected = sorted(i for b in list(plan.rank_batches(0))[:3] for i in b.indices.tolist())
+        for contender in contenders.values():
+            assert contender["ids"][str(epoch)]["ids"] == expected, contender["label"]
+    assert result["ids_check"]["ok"]
+    (comparison,) = result["comparisons"]
+    assert comparison["what"].startswith("LanceMapDataset __getitems__ (one take per batch) vs")
+    rates = [
+        contenders[n]["passes"]["throughput"]["rows_per_s"] for n in ("lance-map", "lance-map-rows")
+    ]
+    assert comparison["ratio"] == pytest.approx(rates[0] / rates[1])
+    assert "**Comparisons:**" in paths["markdown"].read_text()

@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="runs of ceiling per pool size; the best counts (default: 2)")  # fmt: skip
     add("--map-workers", type=int, default=defaults.map_workers)
     add("--contenders", type=_names, default=defaults.contenders,
-        help=f"comma-separated, among {','.join(KINDS)} (default: all)")  # fmt: skip
+        help=f"comma-separated, among {','.join(KINDS)} (default: the first five)")  # fmt: skip
     add("--delay-ms", type=float, default=latency.delay_ms, help="--local-s3 added delay, ms")
     add("--jitter-ms", type=float, default=latency.jitter_ms, help="+/- uniform jitter, ms")
     add("--tail-fraction", type=float, default=latency.tail_fraction,

@@ -28,7 +28,16 @@ contender           what it runs
                     of each of ``concurrency`` sizes (``ceiling_repeats`` times each, the best
                     run counts); no queue, no conversion, no torch
 ``lance-prefetch``  :class:`~lance_prefetch.PrefetchLoader` with ``readahead`` and ``max_in_flight``
+``prefetch-workers`` the same loader inside ``DataLoader(batch_size=None, num_workers=W, spawn,
+                    persistent_workers=True)``: each worker prefetches its share of the batches
+``lance-map``       :class:`~lance_prefetch.LanceMapDataset` (one ``take`` per batch through
+                    ``__getitems__``) with :func:`~lance_prefetch.collate`, under the same DataLoader as
+                    ``map-style`` (plan sampler, ``num_workers``, spawn, persistent)
+``lance-map-rows``  the same dataset read row by row (``__getitem__``: one ``take`` per row) and the
+                    default collate: what a map-style dataset costs without ``__getitems__``
 ==================  ===================================================================================
+
+The last three are not run unless asked for (``--contenders``); ``docs/choosing.md`` uses them.
 
 What a pass measures (times from :func:`time.perf_counter`):
 
@@ -59,6 +68,7 @@ from ._measure import measure_pass, peak_rss_mib, rss_mib
 
 __all__ = [
     "ContenderSpec",
+    "DEFAULT_KINDS",
     "KINDS",
     "STEP_EPOCH",
     "THROUGHPUT_EPOCH",
@@ -69,7 +79,18 @@ __all__ = [
     "run_contender",
 ]
 
-KINDS = ("sequential", "map-style", "lance-torch", "ceiling", "lance-prefetch")
+KINDS = (
+    "sequential",
+    "map-style",
+    "lance-torch",
+    "ceiling",
+    "lance-prefetch",
+    "prefetch-workers",
+    "lance-map",
+    "lance-map-rows",
+)
+#: What runs without ``--contenders``.
+DEFAULT_KINDS = KINDS[:5]
 THROUGHPUT_EPOCH, STEP_EPOCH, WARMUP_EPOCH = 0, 1, 2
 
 
@@ -364,12 +385,106 @@ class _LancePrefetch:
         self.loader.close()
 
 
+class _PrefetchWorkers(_LancePrefetch):
+    def setup(self) -> None:
+        from torch.utils.data import DataLoader
+
+        super().setup()
+        self.notes = (
+            f"{self.spec.num_workers} spawn workers, each prefetching its share; take latency "
+            "not measured (the takes run in the workers)",
+        )
+        self.loader._source = self.loader._source._wrapped  # workers can't report timings back
+        self.dataloader = DataLoader(
+            self.loader,
+            batch_size=None,
+            num_workers=self.spec.num_workers,
+            multiprocessing_context="spawn",
+            persistent_workers=True,
+        )
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        self.loader.set_epoch(epoch)
+        planned = plan_batches(self.spec, epoch, count)
+        yield from zip(self.dataloader, planned, strict=False)
+
+    def close(self) -> None:
+        iterator = getattr(self.dataloader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
+
+
+class _TimedMapDataset(torch.utils.data.Dataset):
+    """:class:`~lance_prefetch.LanceMapDataset` with each take timed, the duration put into the
+    batch as ``"__take_s__"`` (summed over the row takes for ``rows=True``)."""
+
+    def __init__(self, spec: ContenderSpec, *, rows: bool) -> None:
+        from .. import LanceMapDataset
+
+        self.dataset = LanceMapDataset(
+            spec.uri,
+            columns=spec.columns,
+            storage_options=spec.storage_options,
+            version=spec.version,
+        )
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        from .. import collate
+
+        started = time.perf_counter()
+        if self.rows:  # what the DataLoader does without __getitems__: one row at a time
+            batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
+        else:
+            batch = collate(self.dataset.__getitems__(indices))
+        batch["__take_s__"] = torch.tensor(time.perf_counter() - started, dtype=torch.float64)
+        return batch
+
+
+class _LanceMap(_MapStyle):
+    rows = False
+
+    def setup(self) -> None:
+        from torch.utils.data import DataLoader
+
+        self.notes = (
+            "rows read one take per row (__getitem__), then the default collate"
+            if self.rows
+            else "LanceMapDataset: one take per batch (__getitems__), lance_prefetch.collate",
+            "take latency = the whole batch's read and conversion in the worker",
+        )
+        self.sampler = _PlanSampler(self.spec)
+        self.loader = DataLoader(
+            _TimedMapDataset(self.spec, rows=self.rows),
+            batch_size=self.spec.batch_size,
+            sampler=self.sampler,
+            drop_last=True,
+            num_workers=self.spec.num_workers,
+            multiprocessing_context="spawn",
+            persistent_workers=True,
+            collate_fn=_identity,
+        )
+
+
+class _LanceMapRows(_LanceMap):
+    rows = True
+
+
 _CONTENDERS: dict[str, Callable[[ContenderSpec], Any]] = {
     "sequential": _Sequential,
     "map-style": _MapStyle,
     "lance-torch": _LanceTorch,
     "lance-prefetch": _LancePrefetch,
+    "prefetch-workers": _PrefetchWorkers,
+    "lance-map": _LanceMap,
+    "lance-map-rows": _LanceMapRows,
 }
+
+
+_WORKER_KINDS = ("map-style", "prefetch-workers", "lance-map", "lance-map-rows")
 
 
 def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, Any]:
@@ -381,7 +496,7 @@ def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, A
         started = time.perf_counter()
         if spec.warmup_batches:
             count = spec.warmup_batches
-            if spec.kind == "map-style":  # one batch per worker, so every worker has started
+            if spec.kind in _WORKER_KINDS:  # one batch per worker, so every worker has started
                 count = max(count, spec.num_workers)
             for _ in contender.iterate(WARMUP_EPOCH, count):
                 pass

@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "best_prefetch",
     "check_ids",
+    "comparisons",
     "evaluate_targets",
     "table_rows",
     "to_markdown",
@@ -168,6 +169,24 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
+def comparisons(contenders: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows/s ratios between optional contenders run together: one ``take`` per batch
+    (``lance-map``) against one per row (``lance-map-rows``)."""
+    found = []
+    batch, rows = _by_name(contenders, "lance-map"), _by_name(contenders, "lance-map-rows")
+    if _rows_per_s(batch) and _rows_per_s(rows):
+        found.append(
+            {
+                "what": "LanceMapDataset __getitems__ (one take per batch) vs __getitem__ (one take "
+                "per row)",
+                "ratio": _rows_per_s(batch) / _rows_per_s(rows),
+                "detail": f"{_rows_per_s(batch):,.0f} vs {_rows_per_s(rows):,.0f} rows/s, "
+                "same workers and batches",
+            }
+        )
+    return found
+
+
 # -- Markdown ------------------------------------------------------------------------------------
 def _fmt(value: Any, spec: str = ",.0f", scale: float = 1.0) -> str:
     if value is None:
@@ -183,8 +202,13 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
         repeats = settings.get("repeats", 1)
         tried = f"{settings['concurrency']}" + (f" x {repeats} runs" if repeats > 1 else "")
         return f"{contender['best_concurrency']} threads (best of {tried})"
-    if contender["name"] == "map-style":
+    if contender["name"] in ("map-style", "lance-map", "lance-map-rows"):
         return f"num_workers={settings['num_workers']}, spawn"
+    if contender["name"] == "prefetch-workers":
+        return (
+            f"num_workers={settings['num_workers']}, spawn; readahead={settings['readahead']}, "
+            f"max_in_flight={settings['max_in_flight']} each"
+        )
     if contender["name"] == "lance-torch":
         return f"batch_readahead={settings['batch_readahead']}, pseudo-random"
     return ""
@@ -269,6 +293,10 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
             f"{entry['same_batches']} (ids from {', '.join(entry['from'])})"
         )
     lines.extend(f"- {name} not compared: {reason}" for name, reason in check["excluded"].items())
+    comparisons = report.get("comparisons", [])
+    if comparisons:
+        lines += ["", "**Comparisons:**"]
+        lines.extend(f"- {c['what']}: **{c['ratio']:.1f}x** ({c['detail']})" for c in comparisons)
     lines += ["", "**Targets:**"]
     for target in report["targets"]:
         verdict = {True: "met", False: "MISSED", None: "not evaluated"}[target["met"]]
@@ -313,6 +341,9 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
         "map-style": ("tab:red", "--"),
         "lance-torch": ("tab:purple", "-."),
         "ceiling": ("dimgray", "-"),
+        "prefetch-workers": ("tab:green", "--"),
+        "lance-map": ("tab:orange", "--"),
+        "lance-map-rows": ("tab:brown", ":"),
     }
     for name, (color, style) in baselines.items():
         contender = _by_name(contenders, name)

@@ -22,7 +22,7 @@ from typing import Any
 from ..source import redact
 from . import _environment as environment
 from ._process import sigint_deferred
-from .contenders import KINDS, ContenderSpec
+from .contenders import DEFAULT_KINDS, KINDS, ContenderSpec
 from .latency_proxy import Latency
 
 __all__ = ["BenchConfig", "main", "run_bench"]
@@ -60,7 +60,8 @@ class BenchConfig:
             ``(4, 16, 64)``.
         ceiling_repeats (int): runs of ``ceiling`` per pool size; the best counts. Default: ``2``.
         map_workers (int): DataLoader workers of ``map-style``. Default: ``4``.
-        contenders (tuple[str, ...]): which contenders to run. Default: all five.
+        contenders (tuple[str, ...]): which contenders to run. Default:
+            :data:`~lance_prefetch.bench.contenders.DEFAULT_KINDS` (the issue's five).
         latency (Latency): latency added by the emulated S3. Default: ``Latency()``.
         aimd_rate (int): pins Lance's request-rate limiter on object stores
             (``lance_aimd_initial_rate`` = ``lance_aimd_max_rate``, requests/s) unless the storage
@@ -96,7 +97,7 @@ class BenchConfig:
     ceiling_concurrency: tuple[int, ...] = (4, 16, 64)
     ceiling_repeats: int = 2
     map_workers: int = 4
-    contenders: tuple[str, ...] = KINDS
+    contenders: tuple[str, ...] = DEFAULT_KINDS
     latency: Latency = field(default_factory=Latency)
     aimd_rate: int = 5000
     io_threads: int | None = None
@@ -191,6 +192,7 @@ def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     report["meta"]["load_average_end"] = environment.load_average()
     report["ids_check"] = reporting.check_ids(report["contenders"])
     report["targets"] = reporting.evaluate_targets(report)
+    report["comparisons"] = reporting.comparisons(report["contenders"])
     report["meta"]["total_s"] = time.perf_counter() - started
     paths = reporting.write_outputs(report, Path(config.out_dir), config.name)
     return report, paths
@@ -342,8 +344,12 @@ def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, dict, Co
         if kind == "ceiling":
             extra["concurrency"] = settings["concurrency"] = list(config.ceiling_concurrency)
             extra["ceiling_repeats"] = settings["repeats"] = config.ceiling_repeats
-        elif kind == "map-style":
+        elif kind in ("map-style", "lance-map", "lance-map-rows"):
             extra["num_workers"] = settings["num_workers"] = config.map_workers
+        elif kind == "prefetch-workers":
+            extra["num_workers"] = settings["num_workers"] = 2
+            extra["readahead"] = settings["readahead"] = 8
+            extra["max_in_flight"] = settings["max_in_flight"] = 4
         elif kind == "lance-torch":
             settings["batch_readahead"] = 16
         runs.append((kind, settings, ContenderSpec(kind=kind, **extra, **base)))
