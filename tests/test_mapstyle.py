@@ -178,3 +178,19 @@ def test_a_transformed_batch_needs_the_documented_collate(six_rows):
     assert collate(batch).item() == 3
     with pytest.raises(TypeError, match=r"collate_fn=lance_prefetch.collate"):
         torch.utils.data.default_collate(batch)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")
+def test_forked_workers_fail_at_once_naming_spawn(ids_1003):
+    import time
+
+    dataset = LanceMapDataset(ids_1003, columns=["id"])
+    dataset[0]  # the parent has read (and opened Lance) before forking
+    data = DataLoader(
+        dataset, batch_size=8, num_workers=1, multiprocessing_context="fork", collate_fn=collate
+    )
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"multiprocessing_context='spawn'"):
+        list(data)
+    assert time.monotonic() - start < 30
