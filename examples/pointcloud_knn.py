@@ -130,7 +130,10 @@ def train(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--uri", default="pointclouds.lance")
     parser.add_argument("--clouds", type=int, default=2000)
     parser.add_argument("--points", type=int, default=256)
@@ -139,7 +142,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workers", default="0,2,4", help="comma-separated num_workers to try")
     args = parser.parse_args()
-    if not os.path.exists(args.uri):
+    if os.path.exists(args.uri):
+        print(f"using the existing dataset at {args.uri} (delete it to write a new one)")
+    else:
         write_pointclouds(args.uri, args.clouds, args.points)
     for num_workers in [int(w) for w in args.workers.split(",")]:
         rate, accuracy = train(

@@ -64,11 +64,12 @@ def test_torchrun_two_ranks_with_spawn_workers(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_job_interrupted_mid_epoch_resumes_on_three_ranks(tmp_path):
-    """Stopped after 67 steps (epoch 1, batch 17) on 2 ranks; resumed on 3 ranks without workers:
+    """Stopped after 67 steps (epoch 1, batch 17) on 2 ranks; resumed on 3 ranks (no DataLoader
+    workers here: the test above has them, and test_resume.py resumes StatefulDataLoader workers):
     epoch 1 still delivers every id once over old and new ranks."""
     uri = str(tmp_path / "train.lance")
     record = str(tmp_path / "ids-{rank}.jsonl")
-    out = torchrun(2, "--uri", uri, "--num-workers", "1", "--stop-after", "67", "--record", record)
+    out = torchrun(2, "--uri", uri, "--num-workers", "0", "--stop-after", "67", "--record", record)
     assert "saved at epoch 1, global batch 34" in out
     out = torchrun(3, "--uri", uri, "--num-workers", "0", "--resume", "--record", record)
     assert "resumed at epoch 1, global batch 34" in out and "epoch 1: 22 steps per rank" in out

@@ -117,7 +117,7 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         if best_rate is None or rate is None:
             targets.append(
                 {"target": target, "applies": applies, "value": None, "met": None,
-                 "detail": f"not measured ({PREFETCH} or {other} missing or failed)"}
+                 "detail": f"not measured ({PREFETCH} or {other} not in --contenders, or failed)"}
             )  # fmt: skip
             return
         value = best_rate / rate
@@ -299,9 +299,13 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
         lines.extend(f"- {c['what']}: **{c['ratio']:.1f}x** ({c['detail']})" for c in comparisons)
     lines += ["", "**Targets:**"]
     for target in report["targets"]:
+        if not target["applies"]:  # e.g. an S3 target on a local run: the ratio, for information
+            lines.append(
+                f"- {target['target']}: does not apply to this storage; {target['detail']}"
+            )
+            continue
         verdict = {True: "met", False: "MISSED", None: "not evaluated"}[target["met"]]
-        scope = "" if target["applies"] else " (does not apply to this storage; for information)"
-        lines.append(f"- {target['target']}: **{verdict}**{scope}; {target['detail']}")
+        lines.append(f"- {target['target']}: **{verdict}**; {target['detail']}")
     notes = sorted(
         {f"{c['name']}: {note}" for c in report["contenders"] for note in c.get("notes", [])}
     )
