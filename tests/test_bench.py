@@ -353,12 +353,12 @@ def test_map_dataset_and_worker_contenders_read_the_same_rows(tmp_path):
     uri = write_synthetic(str(tmp_path / "ids.lance"), 300, rows_per_file=100)
     config = BenchConfig(
         uri=uri, batch_size=16, batches=3, warmup_batches=1, step_ms=1, map_workers=1,
-        contenders=("sequential", "prefetch-workers", "lance-map", "lance-map-rows"),
+        contenders=("prefetch-workers", "lance-map", "lance-map-rows"),
         record_ids=True, out_dir=tmp_path / "out", name="choose", progress=False,
     )  # fmt: skip
     result, paths = run_bench(config)
     contenders = {c["label"]: c for c in result["contenders"]}
-    assert sorted(contenders) == ["lance-map", "lance-map-rows", "prefetch-workers", "sequential"]
+    assert sorted(contenders) == ["lance-map", "lance-map-rows", "prefetch-workers"]
     assert [c for c in contenders.values() if "error" in c] == []
     for epoch in (0, 1):
         plan = EpochPlan(num_rows=300, batch_size=16, seed=0, epoch=epoch, world_size=1)
