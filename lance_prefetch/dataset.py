@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import lance
-import torch
-import torch.distributed
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._errors import BatchLoadError
+from ._ranks import resolve_rank
 from ._validate import check_bool, check_int
 from .convert import check_schema, to_tensors
 from .epochs import MAX_EPOCH, Decision, EpochControl, Progress, iteration_ident
@@ -28,45 +28,6 @@ from .source import LanceSource, redact
 from .state import check_state, end_position, make_state
 
 __all__ = ["BatchLoadError", "PrefetchLoader"]
-
-
-class BatchLoadError(RuntimeError):
-    """Reading, converting or transforming one batch failed; the original error is ``__cause__``.
-
-    Attributes:
-        epoch (int): the epoch being read.
-        position (int): the batch's global position in that epoch (see :mod:`lance_prefetch.sampling`).
-        num_rows (int): rows in the batch.
-        uri (str): the dataset's URI.
-        (Each is ``None`` when the error was re-raised by a DataLoader worker, whose message then
-        holds them and the worker's traceback.)
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        epoch: int | None = None,
-        position: int | None = None,
-        num_rows: int | None = None,
-        uri: str | None = None,
-    ) -> None:
-        # The keywords are optional so that DataLoader workers can re-raise it from its message
-        # alone (torch's ExceptionWrapper calls ``type(exc)(message)``).
-        super().__init__(message)
-        self.epoch, self.position, self.num_rows, self.uri = epoch, position, num_rows, uri
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            functools.partial(
-                BatchLoadError,
-                epoch=self.epoch,
-                position=self.position,
-                num_rows=self.num_rows,
-                uri=self.uri,
-            ),
-            self.args,
-        )
 
 
 class PrefetchLoader(IterableDataset):
@@ -175,7 +136,7 @@ class PrefetchLoader(IterableDataset):
         self.seed = check_int("seed", seed, minimum=0)
         self.readahead, self.max_in_flight = check_depths(readahead, max_in_flight)
         self.drop_last = check_bool("drop_last", drop_last)
-        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
         if transform is not None and not callable(transform):
             raise TypeError(f"transform should be callable or None, but got {transform!r}")
         self.transform = transform
@@ -516,42 +477,3 @@ class _Iteration(BlockingPrefetcher[Any]):
         item = super().__next__()
         self._progress.delivered += 1
         return item
-
-
-def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: explicit, else the ``torch.distributed`` group, else env, else (0, 1)."""
-    if (rank is None) != (world_size is None):
-        raise ValueError(
-            f"pass rank and world_size together (or neither, to detect them), but got "
-            f"rank={rank!r}, world_size={world_size!r}"
-        )
-    if rank is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        elif "RANK" in os.environ or "WORLD_SIZE" in os.environ:
-            if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-                raise ValueError(
-                    "only one of the RANK and WORLD_SIZE environment variables is set; set both "
-                    "(torchrun does), or pass rank= and world_size= explicitly"
-                )
-            rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
-        else:
-            rank, world_size = 0, 1
-    rank = check_int("rank", rank, minimum=0)
-    world_size = check_int("world_size", world_size, minimum=1)
-    if rank >= world_size:
-        raise ValueError(
-            f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}] "
-            f"for world_size={world_size}"
-        )
-    return rank, world_size
-
-
-def _env_int(name: str) -> int:
-    try:
-        return int(os.environ[name])
-    except ValueError:
-        raise ValueError(
-            f"the environment variable {name}={os.environ[name]!r} is not an integer; "
-            f"pass rank= and world_size= explicitly"
-        ) from None
