@@ -38,6 +38,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .sampling import first_local
+
 __all__ = [
     "Decision",
     "EpochControl",
@@ -242,7 +244,7 @@ class Progress:
     ) -> None:
         self.ident, self.decision, self.world_size = ident, decision, world_size
         self.worker_id, self.num_workers, self.skip = worker_id, num_workers, skip
-        self.first = worker_id + -(-max(skip - worker_id, 0) // num_workers) * num_workers
+        self.first = first_local(worker_id, num_workers, skip)
         self.delivered = 0
 
     @property

@@ -60,7 +60,7 @@ import numpy as np
 
 from ._validate import check_bool, check_int
 
-__all__ = ["EpochPlan", "PlannedBatch", "epoch_permutation", "index_dtype"]
+__all__ = ["EpochPlan", "PlannedBatch", "epoch_permutation", "first_local", "index_dtype"]
 
 
 def index_dtype(num_rows: int) -> np.dtype:
@@ -93,6 +93,12 @@ def epoch_permutation(num_rows: int, seed: int, epoch: int) -> np.ndarray:
     permutation = np.arange(num_rows, dtype=index_dtype(num_rows))
     rng.shuffle(permutation)
     return permutation
+
+
+def first_local(worker_id: int, num_workers: int, skip: int = 0) -> int:
+    """The rank's first batch that worker ``worker_id`` of ``num_workers`` produces after the
+    rank's first ``skip`` batches: the smallest ``j >= skip`` with ``j % num_workers == worker_id``."""
+    return worker_id + -(-max(skip - worker_id, 0) // num_workers) * num_workers
 
 
 @dataclass(frozen=True)
@@ -271,6 +277,6 @@ class EpochPlan:
             raise ValueError(
                 f"Invalid worker_id {worker_id}, it should be in the interval [0, {num_workers - 1}]"
             )
-        first = worker_id + -(-max(skip - worker_id, 0) // num_workers) * num_workers
+        first = first_local(worker_id, num_workers, skip)
         for local in range(first, self.batches_per_rank, num_workers):
             yield self.batch(self.start + local * self.world_size + rank)

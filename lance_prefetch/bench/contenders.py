@@ -257,12 +257,15 @@ class _MapStyle:
         self.spec = spec
         self.latencies: list[float] = []
 
+    def dataset(self) -> torch.utils.data.Dataset:
+        return TakeDataset(self.spec)
+
     def setup(self) -> None:
         from torch.utils.data import DataLoader
 
         self.sampler = _PlanSampler(self.spec)
         self.loader = DataLoader(
-            TakeDataset(self.spec),
+            self.dataset(),
             batch_size=self.spec.batch_size,
             sampler=self.sampler,
             drop_last=True,
@@ -447,26 +450,17 @@ class _TimedMapDataset(torch.utils.data.Dataset):
 class _LanceMap(_MapStyle):
     rows = False
 
-    def setup(self) -> None:
-        from torch.utils.data import DataLoader
-
+    def __init__(self, spec: ContenderSpec) -> None:
+        super().__init__(spec)
         self.notes = (
             "rows read one take per row (__getitem__), then the default collate"
             if self.rows
             else "LanceMapDataset: one take per batch (__getitems__), lance_prefetch.collate",
             "take latency = the whole batch's read and conversion in the worker",
         )
-        self.sampler = _PlanSampler(self.spec)
-        self.loader = DataLoader(
-            _TimedMapDataset(self.spec, rows=self.rows),
-            batch_size=self.spec.batch_size,
-            sampler=self.sampler,
-            drop_last=True,
-            num_workers=self.spec.num_workers,
-            multiprocessing_context="spawn",
-            persistent_workers=True,
-            collate_fn=_identity,
-        )
+
+    def dataset(self) -> torch.utils.data.Dataset:
+        return _TimedMapDataset(self.spec, rows=self.rows)
 
 
 class _LanceMapRows(_LanceMap):

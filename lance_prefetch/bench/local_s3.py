@@ -36,6 +36,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from . import latency_proxy
@@ -241,22 +242,12 @@ class LocalS3:
         self.pids.append(process.pid)
         return process
 
-    def _start_rclone(self, rclone: str, work: Path, root: Path) -> int:
-        config, log = work / "rclone.conf", work / "rclone.log"
-        config.touch()
+    def _on_free_port(self, start: Callable[[int], ManagedProcess], log: Path) -> int:
+        """Start a server with ``start(port)`` on a free port until it listens (a port picked
+        free can be taken before the server binds it); the port."""
         for attempt in range(_START_ATTEMPTS):
             port = free_port()
-            process = self._managed(
-                [
-                    rclone, "serve", "s3", str(root),
-                    "--addr", f"127.0.0.1:{port}",
-                    "--auth-key", f"{self.access_key},{self.secret_key}",
-                    "--config", str(config),
-                    "--log-file", str(log),
-                    "--log-level", "ERROR",
-                ],
-                "rclone serve s3",
-            )  # fmt: skip
+            process = start(port)
             try:
                 wait_for_port(port, process, log=str(log))
             except RuntimeError:
@@ -268,26 +259,35 @@ class LocalS3:
             return port
         raise AssertionError("unreachable")
 
+    def _start_rclone(self, rclone: str, work: Path, root: Path) -> int:
+        config, log = work / "rclone.conf", work / "rclone.log"
+        config.touch()
+
+        def start(port: int) -> ManagedProcess:
+            return self._managed(
+                [
+                    rclone, "serve", "s3", str(root),
+                    "--addr", f"127.0.0.1:{port}",
+                    "--auth-key", f"{self.access_key},{self.secret_key}",
+                    "--config", str(config),
+                    "--log-file", str(log),
+                    "--log-level", "ERROR",
+                ],
+                "rclone serve s3",
+            )  # fmt: skip
+
+        return self._on_free_port(start, log)
+
     def _start_nginx(self, nginx: str, work: Path, root: Path, rclone_port: int) -> int:
         conf, log = work / "nginx.conf", work / "nginx-error.log"
-        for attempt in range(_START_ATTEMPTS):
-            port = free_port()
+
+        def start(port: int) -> ManagedProcess:
             conf.write_text(
                 _NGINX_CONF.format(dir=work, root=root, port=port, rclone_port=rclone_port)
             )
-            process = self._managed(
-                [nginx, "-p", str(work), "-c", str(conf), "-e", str(log)], "nginx"
-            )
-            try:
-                wait_for_port(port, process, log=str(log))
-            except RuntimeError:
-                process.stop()
-                if attempt + 1 == _START_ATTEMPTS:
-                    raise
-                continue
-            self.ports.append(port)
-            return port
-        raise AssertionError("unreachable")
+            return self._managed([nginx, "-p", str(work), "-c", str(conf), "-e", str(log)], "nginx")
+
+        return self._on_free_port(start, log)
 
     def _start_proxy(self, nginx_port: int) -> int:
         process = self._managed(
