@@ -1,11 +1,12 @@
 """lance-prefetch: fully random batches from Lance datasets, read concurrently ahead of training.
 
 The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``),
-:class:`BatchLoadError` and :func:`state_from_dataloader`, and for PyTorch's own samplers the
+:class:`BatchLoadError`, :class:`RetryPolicy` and :func:`state_from_dataloader`, and for PyTorch's own samplers the
 map-style :class:`LanceMapDataset` with its :func:`collate`. The modules underneath each do one job:
 :mod:`~lance_prefetch.sampling` (which rows in which batch), :mod:`~lance_prefetch.epochs` (which
 epoch each iteration reads, across processes), :mod:`~lance_prefetch.state` (checkpoint state),
 :mod:`~lance_prefetch.scheduling` (concurrent fetches, bounded readahead),
+:mod:`~lance_prefetch.retry` (which read errors are retried, and how),
 :mod:`~lance_prefetch.source` (Lance I/O), :mod:`~lance_prefetch.convert` (Arrow to torch),
 :mod:`~lance_prefetch.mapstyle` (the map-style dataset) and
 :mod:`~lance_prefetch.cli` (the ``lance-prefetch`` command).
@@ -18,6 +19,7 @@ from .dataset import BatchLoadError as BatchLoadError
 from .dataset import PrefetchLoader as PrefetchLoader
 from .mapstyle import LanceMapDataset as LanceMapDataset
 from .mapstyle import collate as collate
+from .retry import RetryPolicy as RetryPolicy
 from .state import state_from_dataloader as state_from_dataloader
 
 try:
@@ -29,6 +31,7 @@ __all__ = [
     "BatchLoadError",
     "LanceMapDataset",
     "PrefetchLoader",
+    "RetryPolicy",
     "__version__",
     "collate",
     "state_from_dataloader",

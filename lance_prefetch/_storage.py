@@ -21,7 +21,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "PROBE_TIMEOUT_S",
@@ -95,6 +95,18 @@ def scrub(text: str, storage_options: Mapping[str, str] | None) -> str:
     for value in sorted(secrets, key=len, reverse=True):  # longest first: one may contain another
         text = text.replace(value, "***")
     return text
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` safe to print: a password in it (``scheme://user:password@host/...``) becomes
+    ``***``, and a query string (which may carry a signature) is dropped."""
+    parts = urlsplit(uri)
+    if not parts.scheme or not (parts.password or parts.query):
+        return uri
+    netloc = parts.netloc
+    if parts.password:
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", parts.fragment))
 
 
 def is_s3(uri: str) -> bool:

@@ -19,11 +19,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ._errors import BatchLoadError
 from ._ranks import resolve_rank
+from ._storage import redact_uri
 from ._validate import check_bool, check_int
 from .convert import check_schema, to_tensors
 from .epochs import MAX_EPOCH, Decision, EpochControl, Progress, iteration_ident
+from .retry import RetryPolicy
 from .sampling import EpochPlan, PlannedBatch
-from .scheduling import BlockingPrefetcher, check_depths
+from .scheduling import BlockingPrefetcher, FetchError, check_depths
 from .source import LanceSource, redact
 from .state import check_state, end_position, make_state
 
@@ -82,6 +84,12 @@ class PrefetchLoader(IterableDataset):
         transform (Callable, optional): applied to each converted batch; its result is what the
             iterator yields. It runs in the loader's worker threads, up to ``max_in_flight`` calls
             at once, so it must be thread-safe. Default: ``None``.
+        retry (RetryPolicy, optional): how a ``take`` that fails with a transient error (an
+            object store's 5xx or "slow down", a dropped connection, an I/O error) or runs past
+            ``retry.timeout`` is retried: attempts, exponential backoff with jitter, a per-take
+            timeout (see :class:`~lance_prefetch.RetryPolicy`). Only the read is retried, never
+            conversion or ``transform``. ``None``: no retry, no timeout. Default:
+            ``RetryPolicy()``, 3 attempts, waits of at most 0.1 s then 0.2 s, no timeout.
 
     Batches:
         ``dict[str, torch.Tensor]``: a tensor of shape ``(rows, ...)`` per numeric column (the
@@ -129,6 +137,7 @@ class PrefetchLoader(IterableDataset):
         storage_options: Mapping[str, str] | None = None,
         version: int | str | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
+        retry: RetryPolicy | None = RetryPolicy(),  # noqa: B008  (frozen, shared safely)
     ) -> None:
         super().__init__()
         # Everything that needs no I/O is checked first.
@@ -140,6 +149,11 @@ class PrefetchLoader(IterableDataset):
         if transform is not None and not callable(transform):
             raise TypeError(f"transform should be callable or None, but got {transform!r}")
         self.transform = transform
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(
+                f"retry should be a lance_prefetch.RetryPolicy or None, but got retry={retry!r}"
+            )
+        self.retry = retry
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._iterations = 0  # iterations started by this copy (identifies a worker's iteration)
         self._spawned = 0  # times this loader was pickled for a new process (see epochs.py)
@@ -404,28 +418,57 @@ class PrefetchLoader(IterableDataset):
         self._progress = progress
         iterator = _Iteration(
             batches,
-            functools.partial(self._load, plan.epoch),
+            self._read,
+            functools.partial(self._convert, plan.epoch),
             progress,
+            functools.partial(self._read_error, plan.epoch),
             readahead=self.readahead,
             max_in_flight=self.max_in_flight,
+            retry=self.retry,
         )
         self._iterators.add(iterator)
         return iterator
 
-    def _load(self, epoch: int, batch: PlannedBatch) -> Any:
-        """Read, convert and transform one batch (runs in a worker thread)."""
+    def _read(self, batch: PlannedBatch) -> Any:
+        """Read one batch's rows (runs in a worker thread; retried by :attr:`retry`)."""
+        return self._source.take(batch.indices)
+
+    def _convert(self, epoch: int, batch: PlannedBatch, table: Any) -> Any:
+        """Convert and transform one batch read by :meth:`_read` (same thread; not retried)."""
         try:
-            tensors = to_tensors(self._source.take(batch.indices))
+            tensors = to_tensors(table)
             return tensors if self.transform is None else self.transform(tensors)
         except Exception as exc:
-            raise BatchLoadError(
-                f"batch {batch.position} of epoch {epoch} ({len(batch.indices)} rows) from "
-                f"{self.uri!r} version {self.version} failed: {type(exc).__name__}: {exc}",
-                epoch=epoch,
-                position=batch.position,
-                num_rows=len(batch.indices),
-                uri=self.uri,
-            ) from exc
+            raise self._batch_error(epoch, batch, exc, "in conversion or transform") from exc
+
+    def _read_error(self, epoch: int, error: FetchError) -> BatchLoadError:
+        """The error a batch whose read failed for good reaches the training loop as."""
+        cause = error.__cause__
+        attempts = error.attempts
+        how = f"after {attempts} attempt{'s' if attempts > 1 else ''}"
+        if self.retry is not None and attempts < self.retry.attempts:
+            how += f" (not retried: {type(cause).__name__} is not transient)"
+        return self._batch_error(epoch, error.item, cause, how, attempts=attempts)
+
+    def _batch_error(
+        self,
+        epoch: int,
+        batch: PlannedBatch,
+        error: BaseException | None,
+        how: str,
+        *,
+        attempts: int | None = None,
+    ) -> BatchLoadError:
+        uri = redact_uri(self.uri)
+        return BatchLoadError(
+            f"batch {batch.position} of epoch {epoch} ({_rows(len(batch.indices))}) from "
+            f"{uri!r} version {self.version} failed {how}: {type(error).__name__}: {error}",
+            epoch=epoch,
+            position=batch.position,
+            num_rows=len(batch.indices),
+            uri=uri,
+            attempts=attempts,
+        )
 
     def close(self) -> None:
         """Stop every live iterator of this loader in this process (pending reads are cancelled).
@@ -461,19 +504,36 @@ class PrefetchLoader(IterableDataset):
             f"columns={list(self.columns)}, version={self.version}, num_rows={self.num_rows}, "
             f"seed={self.seed}, epoch={self.epoch}, readahead={self.readahead}, "
             f"max_in_flight={self.max_in_flight}, drop_last={self.drop_last}, rank={self.rank}, "
-            f"world_size={self.world_size}, "
+            f"world_size={self.world_size}, retry={self.retry!r}, "
             f"storage_options={redact(self._source._storage_options)})"
         )
 
 
-class _Iteration(BlockingPrefetcher[Any]):
-    """The iterator ``iter(loader)`` returns: a prefetcher that counts the batches it delivers."""
+def _rows(count: int) -> str:
+    return f"{count} row" if count == 1 else f"{count} rows"
 
-    def __init__(self, items: Any, fetch: Any, progress: Progress, **depths: int) -> None:
-        super().__init__(items, fetch, **depths)
+
+class _Iteration(BlockingPrefetcher[Any]):
+    """The iterator ``iter(loader)`` returns: a prefetcher that counts the batches it delivers and
+    reports a failed read as :class:`BatchLoadError`."""
+
+    def __init__(
+        self,
+        items: Any,
+        fetch: Any,
+        process: Any,
+        progress: Progress,
+        read_error: Callable[[FetchError], BatchLoadError],
+        **options: Any,
+    ) -> None:
+        super().__init__(items, fetch, process=process, **options)
         self._progress = progress
+        self._read_error = read_error
 
     def __next__(self) -> Any:
-        item = super().__next__()
+        try:
+            item = super().__next__()
+        except FetchError as error:
+            raise self._read_error(error) from error.__cause__
         self._progress.delivered += 1
         return item

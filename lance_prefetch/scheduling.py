@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import logging
+import math
 import os
 import queue
 import sys
@@ -37,9 +39,11 @@ import anyio.from_thread
 import anyio.to_thread
 
 from ._validate import check_int
+from .retry import RetryPolicy
 
 __all__ = [
     "BlockingPrefetcher",
+    "FetchError",
     "PrefetchStatistics",
     "Prefetcher",
     "PrefetcherClosed",
@@ -87,11 +91,28 @@ class PrefetchStatistics:
         held (int): items in flight plus finished and not yet received; never above ``readahead``.
         in_flight (int): fetches running in worker threads; never above ``max_in_flight``.
         received (int): items handed to the consumer so far.
+        retries (int): fetch attempts after a failed or timed-out one, so far.
     """
 
     held: int
     in_flight: int
     received: int
+    retries: int = 0
+
+
+class FetchError(Exception):
+    """Raised by :meth:`Prefetcher.get` for an item whose fetch failed for good.
+
+    The last attempt's exception is ``__cause__``.
+
+    Attributes:
+        item: the plan's item.
+        attempts (int): attempts made, the first included.
+    """
+
+    def __init__(self, item: Any, attempts: int) -> None:
+        super().__init__(f"fetching {item!r} failed after {attempts} attempt(s)")
+        self.item, self.attempts = item, attempts
 
 
 class PrefetcherClosed(Exception):
@@ -124,37 +145,79 @@ class _Slot:
 _END = object()  # queued after the last slot; queued again by every get() that sees it
 
 
+class _Timer:
+    """The deadline of one timed fetch; the worker thread stops it once the read returned, so
+    that ``process`` (conversion, ``transform``) is never timed."""
+
+    __slots__ = ("_loop", "_scope", "fetched")
+
+    def __init__(self, scope: anyio.CancelScope, loop: asyncio.AbstractEventLoop) -> None:
+        self._scope, self._loop = scope, loop
+        self.fetched = False
+
+    def stop(self) -> None:
+        """Called from the worker thread."""
+        self.fetched = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._disarm)
+
+    def _disarm(self) -> None:
+        self._scope.deadline = math.inf
+
+
 class Prefetcher(Generic[T, R]):
     """Fetch the items of a plan concurrently in threads; receive the results in plan order.
 
     Args:
         items (Iterable[T]): the plan; iterated lazily, once, on the event loop.
-        fetch (Callable[[T], R]): a blocking function run in a worker thread for each item
-            (for Lance, a ``take`` that releases the GIL).
+        fetch (Callable[[T], Any]): a blocking read run in a worker thread for each item (for
+            Lance, a ``take`` that releases the GIL); retried and timed by ``retry``.
+        process (Callable[[T, Any], R], optional): run in the same worker thread on each item and
+            the result of its successful ``fetch`` (for Lance, conversion and ``transform``);
+            never retried nor timed. Default: ``None``, the item's result is ``fetch``'s.
         readahead (int): the most items held at once: in flight plus finished and not yet
             received, ``>= 1``.
         max_in_flight (int): the most fetches running at once, ``1 <= max_in_flight <= readahead``.
+        retry (RetryPolicy, optional): how a failing or stuck ``fetch`` is retried (see
+            :class:`~lance_prefetch.retry.RetryPolicy`). Default: ``None``, one attempt, no
+            timeout.
 
     Invariants (``tokens`` is the producer's readahead semaphore):
         ``tokens.value + held == readahead`` and ``in_flight <= max_in_flight``. A token is taken
-        before an item's fetch starts and given back when the consumer receives that item; fetches
-        start in plan order (the in-flight limiter is first-in, first-out).
+        before an item's fetch starts and given back when the consumer receives that item, so
+        retries and backoff happen inside the item's token; fetches start in plan order (the
+        in-flight limiter is first-in, first-out). A fetch abandoned by its ``timeout`` leaves the
+        limiter while its thread finishes the call in the background.
 
     Errors:
-        An exception raised by ``fetch`` is re-raised, unchanged, by the :meth:`get` that reaches
-        that item in plan order; the items before it are still delivered. After the first failure
-        no new fetch is started.
+        A ``fetch`` that fails for good (its error is not transient, or the attempts ran out) makes
+        the :meth:`get` that reaches that item in plan order raise :class:`FetchError`, with the
+        last error as ``__cause__``. An exception raised by ``process`` (or a ``BaseException``
+        that is not an ``Exception``, from either) is re-raised unchanged, never retried. The items
+        before it are still delivered. After the first such failure no new fetch is started.
 
     Raises:
         TypeError, ValueError: from :func:`check_depths`.
     """
 
     def __init__(
-        self, items: Iterable[T], fetch: Callable[[T], R], *, readahead: int, max_in_flight: int
+        self,
+        items: Iterable[T],
+        fetch: Callable[[T], Any],
+        *,
+        process: Callable[[T, Any], R] | None = None,
+        readahead: int,
+        max_in_flight: int,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self._readahead, self._max_in_flight = check_depths(readahead, max_in_flight)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry should be a RetryPolicy or None, but got retry={retry!r}")
         self._items = items
         self._fetch = fetch
+        self._process = process
+        self._retry = retry
+        self._retries = 0  # written by the producer only
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # slots in plan order, then _END
         self._started = 0  # written by the producer only
         self._received = 0  # written by the consumer only
@@ -216,25 +279,84 @@ class Prefetcher(Generic[T, R]):
 
     async def _fill(self, item: T, slot: _Slot) -> None:
         try:
-            await anyio.to_thread.run_sync(
-                self._fetch_into, item, slot, limiter=self._limiter, abandon_on_cancel=True
-            )
+            error = await self._attempt(item, slot)
+            if error is not None:
+                await self._retry_or_fail(item, slot, error)
         finally:  # cancelled (or the thread call itself failed): the consumer must not wait
             slot.finish(error=PrefetcherClosed("the prefetcher was closed before this item"))
 
-    def _fetch_into(self, item: T, slot: _Slot) -> None:
-        """Runs in a worker thread; hands the result straight to the consumer."""
+    async def _attempt(self, item: T, slot: _Slot) -> Exception | None:
+        """One attempt in a worker thread: ``None`` once the slot is (or will be) finished by the
+        thread, else the fetch's error (a ``TimeoutError`` when it ran past ``retry.timeout``)."""
+        timeout = None if self._retry is None else self._retry.timeout
+        if timeout is None:
+            return await anyio.to_thread.run_sync(  # type: ignore[no-any-return]
+                self._fetch_into, item, slot, None, limiter=self._limiter, abandon_on_cancel=True
+            )
+        async with self._limiter:  # type: ignore[union-attr]  # waiting here is not timed
+            with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
+                timer = _Timer(scope, self._loop)  # type: ignore[arg-type]
+                return await anyio.to_thread.run_sync(  # type: ignore[no-any-return]
+                    self._fetch_into, item, slot, timer, abandon_on_cancel=True
+                )
+        if timer.fetched:  # the read just made it; the thread finishes the slot: wait for that
+            await anyio.to_thread.run_sync(slot.done.wait, abandon_on_cancel=True)
+            return None
+        return TimeoutError(f"the read took longer than timeout={timeout:g} s; it was abandoned")
+
+    async def _retry_or_fail(self, item: T, slot: _Slot, error: Exception) -> None:
+        """Retry a failed fetch by the policy; when it still fails, finish the slot with it."""
+        attempts = 1
+        if self._retry is not None and self._retry.attempts > 1:
+            first: Exception | None = error
+            try:
+                async for attempt in self._retry.retrying():
+                    with attempt:
+                        attempts = attempt.retry_state.attempt_number
+                        if first is not None:  # tenacity decides on the first attempt's error
+                            error, first = first, None
+                            raise error
+                        if slot.done.is_set():  # an abandoned attempt delivered meanwhile
+                            return
+                        self._retries += 1
+                        failed = await self._attempt(item, slot)
+                        if failed is not None:
+                            raise failed
+                return
+            except Exception as exc:  # not retryable, or the attempts ran out
+                error = exc
+        if not slot.done.is_set():
+            failure = FetchError(item, attempts)
+            failure.__cause__ = error
+            self._fail(slot, failure)
+
+    def _fetch_into(self, item: T, slot: _Slot, timer: _Timer | None) -> Exception | None:
+        """Runs in a worker thread: fetch, then process and hand the result straight to the
+        consumer. Returns the fetch's exception (for the loop to retry or report), else ``None``."""
         with self._lock:
             if self._closing:
-                return  # _fill's finally marks the slot closed
+                return None  # _fill's finally marks the slot closed
             self._threads.add(threading.current_thread())
         try:
-            value = self._fetch(item)
-        except BaseException as exc:  # SystemExit or KeyboardInterrupt too: re-raised by get()
-            self._failed = True
-            slot.finish(error=exc)
+            raw = self._fetch(item)
+        except Exception as exc:
+            return exc
+        except BaseException as exc:  # SystemExit or KeyboardInterrupt: re-raised by get()
+            self._fail(slot, exc)
+            return None
+        if timer is not None:
+            timer.stop()
+        try:
+            value = raw if self._process is None else self._process(item, raw)
+        except BaseException as exc:  # never retried: re-raised by get(), unchanged
+            self._fail(slot, exc)
         else:
             slot.finish(value=value)
+        return None
+
+    def _fail(self, slot: _Slot, error: BaseException) -> None:
+        self._failed = True
+        slot.finish(error=error)
 
     def stop_fetching(self) -> None:
         """Start no new fetch from now on (fetches already running carry on)."""
@@ -257,7 +379,9 @@ class Prefetcher(Generic[T, R]):
                 was delivered.
             PrefetcherClosed: the item's fetch was cancelled by closing.
             RuntimeError: the producer itself crashed (a bug); the crash is ``__cause__``.
-            Exception: whatever ``fetch`` raised for this item.
+            FetchError: the item's ``fetch`` failed for good; its last error is ``__cause__``.
+            BaseException: whatever ``process`` raised for this item (or a ``fetch`` raised that
+                is not an ``Exception``), unchanged.
         """
         slot = self._ready.get()
         if slot is _END:
@@ -282,6 +406,7 @@ class Prefetcher(Generic[T, R]):
             held=self._started - self._received,
             in_flight=0 if limiter is None else int(limiter.borrowed_tokens),
             received=self._received,
+            retries=self._retries,
         )
 
 
@@ -292,33 +417,45 @@ class BlockingPrefetcher(Iterator[R]):
     the calling process (so never inherited through ``fork``) and stopped by :meth:`close`.
 
     Args:
-        items, fetch, readahead, max_in_flight: as for :class:`Prefetcher`.
+        items, fetch, process, readahead, max_in_flight, retry: as for :class:`Prefetcher`.
         close_timeout_s (float, optional): how long :meth:`close` waits for the threads that ran
             fetches to return and exit, in seconds. Default: :data:`CLOSE_TIMEOUT_S` (5 s).
 
     Errors:
-        ``next()`` re-raises what ``fetch`` raised and closes the iterator. ``KeyboardInterrupt``
+        ``next()`` raises what :meth:`Prefetcher.get` raises for a failed item (a
+        :class:`FetchError`, or ``process``'s own error) and closes the iterator. ``KeyboardInterrupt``
         (or any exception) raised while ``next()`` waits closes the iterator too.
 
     Cancellation handling:
         :meth:`close` (also run when the iterator is exhausted, fails, is garbage collected, or the
-        interpreter exits) cancels the producer and every fetch not yet started, joins the
-        event-loop thread, then waits up to ``close_timeout_s`` for the worker threads that ran
-        fetches to return (a Lance ``take`` cannot be interrupted; its result is dropped) and exit.
-        A thread still running after that is abandoned with a logged warning. Idempotent.
+        interpreter exits) cancels the producer and every fetch not yet started and joins the
+        event-loop thread. A fetch already running cannot be interrupted (a Lance ``take``); its
+        result is dropped. An explicit ``close()`` then waits up to ``close_timeout_s`` for such
+        fetches to return and their threads to exit, and abandons the rest with a logged warning;
+        the other ways leave them to finish in the background, so an error or ``Ctrl-C`` reaches
+        the caller at once. Whatever is still running at interpreter exit is waited for there, at
+        most :data:`CLOSE_TIMEOUT_S` in all (a thread frozen inside a Lance call by finalization
+        aborts the process). Idempotent.
     """
 
     def __init__(
         self,
         items: Iterable[T],
-        fetch: Callable[[T], R],
+        fetch: Callable[[T], Any],
         *,
+        process: Callable[[T, Any], R] | None = None,
         readahead: int,
         max_in_flight: int,
+        retry: RetryPolicy | None = None,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
     ) -> None:
-        self._prefetcher = Prefetcher(
-            items, fetch, readahead=readahead, max_in_flight=max_in_flight
+        self._prefetcher: Prefetcher[T, R] = Prefetcher(
+            items,
+            fetch,
+            process=process,
+            readahead=readahead,
+            max_in_flight=max_in_flight,
+            retry=retry,
         )
         self._close_timeout_s = close_timeout_s
         self._pid = os.getpid()
@@ -346,12 +483,12 @@ class BlockingPrefetcher(Iterator[R]):
         try:
             return self._prefetcher.get()
         except StopIteration:
-            self.close()
+            self.close(wait=False)
             raise
         except PrefetcherClosed:  # closed from another thread while we waited
             raise StopIteration from None
-        except BaseException:
-            self.close()
+        except BaseException:  # the error (or Ctrl-C) reaches the caller without waiting
+            self.close(wait=False)
             raise
 
     @property
@@ -363,31 +500,46 @@ class BlockingPrefetcher(Iterator[R]):
         """A :class:`PrefetchStatistics` snapshot."""
         return self._prefetcher.statistics()
 
-    def close(self) -> None:
-        """Cancel pending fetches, stop the event-loop thread, wait for running fetches (bounded).
+    def close(self, *, wait: bool = True) -> None:
+        """Cancel pending fetches and stop the event-loop thread; then wait for running fetches.
 
-        Safe to call more than once, and from another thread than the consumer's.
+        Args:
+            wait (bool, optional): ``True``: wait up to ``close_timeout_s`` for the fetches still
+                running in worker threads to return and their threads to exit. ``False``: leave
+                them to finish in the background; they are waited for at interpreter exit (at
+                most :data:`CLOSE_TIMEOUT_S`). Default: ``True``. Exhaustion, an error,
+                ``KeyboardInterrupt`` and garbage collection close with ``wait=False``, so none of
+                them blocks on a stuck read.
+
+        Safe to call more than once (a later ``close()`` still waits for what an earlier
+        ``close(wait=False)`` left running), and from another thread than the consumer's.
         """
         with self._lock:
             stack, self._stack = self._stack, None
-        if stack is None:
+        if stack is not None:
+            _live.discard(self)
+            if os.getpid() != self._pid:
+                # A forked copy: its threads stayed in the parent. Unwinding the portal's context
+                # manager here would wait for a loop that does not exist, so keep it, never
+                # unwound.
+                _forked_leftovers.append(stack)
+                return
+            self._prefetcher.stop_fetching()
+            stack.close()  # cancels the producer, joins the event-loop thread
+        elif os.getpid() != self._pid:
             return
-        _live.discard(self)
-        if os.getpid() != self._pid:
-            # A forked copy: its threads stayed in the parent. Unwinding the portal's context
-            # manager here would wait for a loop that does not exist, so keep it, never unwound.
-            _forked_leftovers.append(stack)
+        # The loop's worker threads exit once their call returns. A thread that ran a Lance take
+        # must end normally, not be frozen by interpreter shutdown, or the process aborts at exit.
+        others = [
+            thread
+            for thread in self._prefetcher.threads()
+            if thread is not threading.current_thread() and thread.is_alive()
+        ]
+        if not wait:
+            _finishing.update(others)
             return
-        deadline = time.monotonic() + self._close_timeout_s
-        self._prefetcher.stop_fetching()
-        stack.close()  # cancels the producer, joins the event-loop thread
-        # The loop's worker threads now exit once their call returns. Join them: a thread that ran
-        # a Lance take must end normally, not be frozen by interpreter shutdown, or the process
-        # aborts at exit.
-        others = [t for t in self._prefetcher.threads() if t is not threading.current_thread()]
-        for thread in others:
-            thread.join(max(deadline - time.monotonic(), 0.0))
-        if any(thread.is_alive() for thread in others):
+        if not _join(others, self._close_timeout_s):
+            _finishing.update(others)
             _logger.warning(
                 "a fetch was still running %.1f s after close(); it was abandoned and finishes "
                 "in the background",
@@ -402,17 +554,35 @@ class BlockingPrefetcher(Iterator[R]):
         if threading.current_thread() in self._prefetcher.threads():
             # Collected (as part of a reference cycle) on one of our own threads, which cannot
             # stop or join itself: close from a helper thread instead.
-            threading.Thread(target=self.close, name=f"{THREAD_NAME}-close", daemon=True).start()
+            close = functools.partial(self.close, wait=False)
+            threading.Thread(target=close, name=f"{THREAD_NAME}-close", daemon=True).start()
         else:
-            self.close()
+            self.close(wait=False)
+
+
+def _join(threads: Iterable[threading.Thread], timeout: float) -> bool:
+    """Join ``threads`` for at most ``timeout`` seconds in all; whether they all ended."""
+    deadline = time.monotonic() + timeout
+    threads = list(threads)
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    return not any(thread.is_alive() for thread in threads)
 
 
 _live: weakref.WeakSet[BlockingPrefetcher[Any]] = weakref.WeakSet()
 _forked_leftovers: list[contextlib.ExitStack] = []
+# Worker threads still running a fetch when their iterator closed without waiting (weak: a
+# finished thread drops out). Joined at exit.
+_finishing: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
 @atexit.register
 def _close_live_prefetchers() -> None:
-    """At exit, close every live iterator while its threads can still run (see CLOSE_TIMEOUT_S)."""
+    """At exit, close every live iterator and wait (at most :data:`CLOSE_TIMEOUT_S` in all) for
+    fetches still running, while their threads can still end normally."""
     for prefetcher in list(_live):
-        prefetcher.close()
+        prefetcher.close(wait=False)
+    if not _join(_finishing, CLOSE_TIMEOUT_S):
+        _logger.warning(
+            "a fetch was still running %.1f s after exit began; it was abandoned", CLOSE_TIMEOUT_S
+        )

@@ -27,7 +27,14 @@ from ._storage import check_s3_options, explain_open_error, is_s3, probe_endpoin
 from ._storage import redact as redact
 from ._validate import check_int
 
-__all__ = ["LanceSource", "redact"]
+__all__ = ["LanceSource", "ShortReadError", "redact"]
+
+
+class ShortReadError(OSError):
+    """Storage returned fewer (or more) rows than the offsets asked for. Never retried: with
+    offsets checked against the pinned version, a retry reads the same files again."""
+
+    permanent = True  # see lance_prefetch.retry.is_transient
 
 
 class LanceSource:
@@ -127,7 +134,8 @@ class LanceSource:
         Raises:
             IndexError: an index is outside ``[0, num_rows)`` (checked before reading, because Lance
                 silently drops out-of-range offsets).
-            OSError: storage returned a different number of rows than asked for.
+            ShortReadError: storage returned a different number of rows than asked for (an
+                ``OSError``).
             Exception: Lance's own error from the read (its message without secret values), or,
             on the first read in a new process, the open errors listed in the class docstring.
         """
@@ -142,7 +150,7 @@ class LanceSource:
         except Exception as exc:
             _reraise_scrubbed(exc, self._storage_options)
         if table.num_rows != len(indices):
-            raise OSError(
+            raise ShortReadError(
                 f"Lance returned {table.num_rows} rows for {len(indices)} offsets from "
                 f"{self.uri!r} version {self.version}"
             )

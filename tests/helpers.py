@@ -66,3 +66,50 @@ def child_exit_code(pid: int, timeout: float = 10.0) -> int | None:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return None
+
+
+class FlakySource:
+    """Wraps a loader's ``LanceSource`` (``loader._source = FlakySource(loader._source, ...)``):
+    the first attempt to read every ``every``-th distinct batch (in the order reads start) raises
+    ``error`` (a Lance-style 503 by default) before reading, and its retry reads. ``always``:
+    batches (offset arrays) whose every attempt raises. Pickles into workers, where each copy
+    counts its own batches."""
+
+    SLOW_DOWN = (
+        "LanceError(IO): Generic S3 error: Error performing GET http://store/data/0.lance - "
+        "Server returned non-2xx status code: 503 Service Unavailable: <Code>SlowDown</Code>"
+    )
+
+    def __init__(self, inner, every: int = 0, *, always=(), error: str = SLOW_DOWN):
+        self.inner, self.every, self.error = inner, every, error
+        self.always = {indices.tobytes() for indices in always}
+        self.batches: dict[bytes, int] = {}  # offsets -> the batch's number, in first-seen order
+        self.takes = 0
+        self.failures = 0
+        self.lock = threading.Lock()
+
+    def take(self, indices):
+        key = indices.tobytes()
+        with self.lock:
+            self.takes += 1
+            first = key not in self.batches
+            number = self.batches.setdefault(key, len(self.batches) + 1)
+            fail = (first and self.every and number % self.every == 0) or key in self.always
+            self.failures += fail
+        if fail:
+            raise OSError(self.error)
+        return self.inner.take(indices)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name):
+        if name == "inner":  # while unpickling, before __dict__ is filled
+            raise AttributeError(name)
+        return getattr(self.inner, name)

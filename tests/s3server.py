@@ -48,6 +48,43 @@ def _deny_anonymous(app):
     return wsgi
 
 
+class Faults:
+    """Faults the server injects into GETs of data files (``.../data/*.lance``), switchable while
+    it runs. Reset with :meth:`clear` (which also lets every held request go on).
+
+    Attributes:
+        hang (int): the next ``hang`` data GETs are held until :meth:`clear` (a hung request).
+        held (int): data GETs held so far.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._released = threading.Event()
+        self.hang = 0
+        self.held = 0
+
+    def clear(self) -> None:
+        with self._lock:
+            self.hang = 0
+            self._released.set()
+            self._released = threading.Event()
+
+    def wrap(self, app):
+        def wsgi(environ, start_response):
+            path = environ.get("PATH_INFO", "")
+            if environ["REQUEST_METHOD"] == "GET" and "/data/" in path:
+                with self._lock:
+                    released = self._released if self.hang > 0 else None
+                    if released is not None:
+                        self.hang -= 1
+                        self.held += 1
+                if released is not None:
+                    released.wait(60)
+            return app(environ, start_response)
+
+        return wsgi
+
+
 class _TrackingServer(ThreadedWSGIServer):
     """werkzeug's threaded server, remembering each open connection and the thread serving it."""
 
@@ -79,9 +116,11 @@ class S3Server:
     Attributes (after :meth:`start`):
         endpoint (str): ``http://127.0.0.1:PORT``.
         access_key_id (str), secret_access_key (str): the only credentials it accepts.
+        faults (Faults): faults to inject into data reads (none until set).
     """
 
     def __init__(self) -> None:
+        self.faults = Faults()
         self.endpoint = ""
         self.access_key_id = ""
         self.secret_access_key = ""
@@ -92,7 +131,7 @@ class S3Server:
 
     def start(self) -> S3Server:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-        app = _deny_anonymous(DomainDispatcherApplication(create_backend_app))
+        app = self.faults.wrap(_deny_anonymous(DomainDispatcherApplication(create_backend_app)))
         self._server = _TrackingServer("127.0.0.1", 0, app, handler=MotoRequestHandler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="s3server", daemon=True
@@ -123,6 +162,7 @@ class S3Server:
         server, self._server = self._server, None
         if server is None:
             return
+        self.faults.clear()  # held requests go on, so their threads can end
         try:
             server.shutdown()  # serve_forever returns; no new connection is accepted
             with server.lock:
@@ -218,3 +258,30 @@ class SilentServer:
         for connection in self._accepted:
             connection.close()
         self._listener.close()
+
+
+def _serve_in_this_process() -> None:
+    """``python s3server.py BUCKET``: serve until stdin closes or SIGTERM, in a process of its own
+    (moto's backends are per process), after printing the endpoint and the credentials as one
+    line of JSON."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with S3Server() as server:
+        server.client().create_bucket(Bucket=sys.argv[1])
+        print(  # noqa: T201  (the parent reads this line)
+            json.dumps(
+                {
+                    "endpoint": server.endpoint,
+                    "access_key_id": server.access_key_id,
+                    "secret_access_key": server.secret_access_key,
+                }
+            ),
+            flush=True,
+        )
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    _serve_in_this_process()

@@ -150,7 +150,8 @@ def test_a_failing_take_surfaces_quickly_and_leaves_no_thread(ids_1003, monkeypa
     assert isinstance(info.value.__cause__, OSError)
     assert (info.value.epoch, info.value.position, info.value.num_rows) == (0, 2, 10)
     assert str(info.value).startswith("batch 2 of epoch 0 (10 rows) from ")
-    assert str(info.value).endswith("failed: OSError: disk on fire")
+    assert str(info.value).endswith("failed after 3 attempts: OSError: disk on fire")
+    assert info.value.attempts == 3  # a plain OSError is transient: the default policy retried
     assert wait_until(lambda: not loop_threads(), timeout=1.0)
 
 

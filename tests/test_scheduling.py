@@ -11,7 +11,7 @@ import anyio.to_thread
 import pytest
 from helpers import child_exit_code, loop_threads, wait_until
 
-from lance_prefetch.scheduling import BlockingPrefetcher, Prefetcher
+from lance_prefetch.scheduling import BlockingPrefetcher, FetchError, Prefetcher
 
 
 class FakeFetch:
@@ -92,8 +92,11 @@ def test_the_error_of_a_fetch_surfaces_in_order_and_stops_the_producer():
     iterator = BlockingPrefetcher(range(100), fetch, readahead=4, max_in_flight=2)
     assert next(iterator) == 0
     assert next(iterator) == 10
-    with pytest.raises(KeyError, match="no item 2"):
+    with pytest.raises(FetchError) as caught:
         next(iterator)
+    assert (caught.value.item, caught.value.attempts) == (2, 1)
+    assert isinstance(caught.value.__cause__, KeyError)
+    assert str(caught.value.__cause__) == "'no item 2'"
     assert iterator.closed
     assert fetch.started <= 2 + 4  # nothing started after the failure was seen
     assert wait_until(lambda: not loop_threads())

@@ -1,0 +1,151 @@
+"""Retries: which read errors are worth another attempt, and how long to wait between attempts.
+
+:class:`RetryPolicy` is a small, picklable description (it travels into DataLoader workers with the
+loader); :meth:`RetryPolicy.retrying` turns it into a ``tenacity.AsyncRetrying`` that
+:mod:`~lance_prefetch.scheduling` runs on its event loop. Waiting between attempts happens on the
+event loop, so a batch that backs off holds no thread and other reads carry on meanwhile.
+
+Lance retries each HTTP request to an object store itself (storage options
+``client_max_retries``, default 3, and ``client_retry_timeout``); these retries wrap a whole
+``take`` and come on top, for what is still failing after Lance gave up: an object store that keeps
+answering 503 "slow down" for a while, a connection that drops, a request that hangs (see
+``timeout``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+import tenacity
+
+__all__ = ["RetryPolicy", "is_transient"]
+
+# OSError messages (Lance reports every storage failure as OSError) that no retry will fix: the
+# object is gone (a data file deleted by a cleanup of old versions) or the store refuses access.
+_PERMANENT_MARKERS = (
+    "not found",
+    "notfound",
+    "no such file",
+    "404",
+    "403",
+    "forbidden",
+    "accessdenied",
+    "access denied",
+    "signaturedoesnotmatch",
+    "invalidaccesskeyid",
+    "permission denied",
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """The default rule: is ``error``, raised by a ``take``, worth another attempt?
+
+    Transient (``True``): ``TimeoutError`` (also a per-take ``timeout``), ``ConnectionError``, and
+    any other ``OSError`` (Lance's ``LanceError(IO)``: HTTP 5xx, "503 Slow Down", a dropped
+    connection, a local I/O error), unless its message says the object is missing or access is
+    denied.
+
+    Permanent (``False``): everything else: ``FileNotFoundError``, ``PermissionError``,
+    ``IsADirectoryError``, ``NotADirectoryError``, an ``OSError`` whose message holds "Not found",
+    "404", "403", "Forbidden", "AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId" or
+    "Permission denied", and every error that is not an ``OSError`` (bad offsets are an
+    ``IndexError``, Lance's schema errors a ``ValueError``, a short read a
+    :class:`~lance_prefetch.source.ShortReadError`).
+    """
+    if isinstance(error, (TimeoutError, ConnectionError)):
+        return True
+    if not isinstance(error, OSError) or getattr(error, "permanent", False):
+        return False
+    if isinstance(
+        error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+    ):
+        return False
+    text = str(error).lower()
+    return not any(marker in text for marker in _PERMANENT_MARKERS)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a failed or stuck ``take`` is retried: bounded exponential backoff with full jitter.
+
+    Attempt ``n`` (``n >= 2``) starts after a wait drawn uniformly from
+    ``[0, min(max_backoff, backoff * 2 ** (n - 2))]`` seconds ("full jitter", so that many readers
+    hit by one outage do not retry in step); the default waits are at most 0.1 s, then 0.2 s.
+    A batch is given up after ``attempts`` attempts, or at once for an error that ``retry_on``
+    calls permanent; the last error then reaches the training loop as
+    :class:`~lance_prefetch.BatchLoadError`, with the number of attempts in its message.
+
+    Args:
+        attempts (int): attempts per batch, the first included, ``>= 1`` (``1``: no retry).
+            Default: ``3``.
+        backoff (float): the cap of the first wait, in seconds, ``>= 0``. Default: ``0.1``.
+        max_backoff (float): the largest cap of any wait, in seconds, ``>= backoff``.
+            Default: ``5.0``.
+        timeout (float, optional): seconds one ``take`` may run before it counts as a failed
+            attempt (a ``TimeoutError``, transient, so retried). The stuck call cannot be
+            interrupted: it is abandoned, finishes in its thread in the background, and its rows
+            are used only if they arrive before the retry's. Conversion and ``transform`` are not
+            timed. Default: ``None``, no limit (Lance's storage option ``timeout`` still bounds
+            each HTTP request).
+        retry_on (Callable[[BaseException], bool]): whether an error is transient. Must pickle
+            (a module-level function) to reach DataLoader workers. Default: :func:`is_transient`.
+
+    Raises:
+        TypeError, ValueError: a field has the wrong type or is out of range (the message names
+            it).
+
+    Example::
+
+        # a store that throttles: up to 6 attempts, waits up to 1, 2, 4, 8, 10 s, 30 s per take
+        RetryPolicy(attempts=6, backoff=1.0, max_backoff=10.0, timeout=30.0)
+    """
+
+    attempts: int = 3
+    backoff: float = 0.1
+    max_backoff: float = 5.0
+    timeout: float | None = None
+    retry_on: Callable[[BaseException], bool] = field(default=is_transient)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            raise TypeError(f"attempts should be an int, but got attempts={self.attempts!r}")
+        if self.attempts < 1:
+            raise ValueError(
+                f"attempts should be >= 1 (1 means no retry), but got attempts={self.attempts}"
+            )
+        _check_seconds("backoff", self.backoff)
+        _check_seconds("max_backoff", self.max_backoff)
+        if self.max_backoff < self.backoff:
+            raise ValueError(
+                f"max_backoff should be >= backoff, but got max_backoff={self.max_backoff} < "
+                f"backoff={self.backoff}"
+            )
+        if self.timeout is not None:
+            _check_seconds("timeout", self.timeout)
+            if self.timeout == 0:
+                raise ValueError("timeout should be > 0 seconds, or None for no limit")
+        if not callable(self.retry_on):
+            raise TypeError(f"retry_on should be callable, but got retry_on={self.retry_on!r}")
+
+    def retrying(self) -> tenacity.AsyncRetrying:
+        """A fresh ``tenacity.AsyncRetrying`` for one batch (waits with ``anyio.sleep``; the last
+        error is re-raised as it is)."""
+        return tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.attempts),
+            wait=tenacity.wait_random_exponential(multiplier=self.backoff, max=self.max_backoff),
+            retry=tenacity.retry_if_exception(self.retry_on),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} should be a number of seconds, but got {name}={value!r}")
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(
+            f"{name} should be a finite number of seconds >= 0, but got {name}={value}"
+        )
