@@ -200,7 +200,11 @@ def _offsets(indices: Sequence[int], num_rows: int) -> np.ndarray:
     if isinstance(indices, torch.Tensor):
         indices = indices.tolist()
     array = np.asarray(indices)
-    if array.ndim != 1 or not (array.dtype.kind in "iu" or array.size == 0):
+    integers = array.ndim == 1 and (array.dtype.kind in "iu" or array.size == 0)
+    if integers and not isinstance(indices, np.ndarray):
+        # numpy turns [0, True] into integers: refuse bools as __getitem__ does
+        integers = not any(isinstance(i, (bool, np.bool_)) for i in indices)
+    if not integers:
         bad = next((i for i in indices if not _is_int(i)), None) if array.ndim == 1 else indices
         if bad is None:  # integers too large for numpy (beyond 64 bits)
             _out_of_range(next(i for i in indices if not -num_rows <= i < num_rows), num_rows)
