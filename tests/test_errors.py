@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import decimal
+import functools
 import math
 import re
 import time
@@ -286,7 +287,7 @@ UNSUPPORTED = [
 )
 def test_an_unsupported_column_names_the_fix_and_the_fix_works(
     tmp_path, name, values, expression, new, converted
-):  # fmt: skip
+):
     """Refused at construction (before any row is read) with the add_columns call that stores a
     supported copy; running that call makes the copy readable, with the right values."""
     uri = str(tmp_path / "typed.lance")
@@ -408,6 +409,7 @@ def test_nulls_without_a_value_fail_only_the_batch_that_holds_one(with_nulls, co
     loader = PrefetchLoader(with_nulls, 1, columns=["id", column], drop_last=False)
     order = permutation(3)
     position = order.index(1)
+    assert position > 0  # seed 0: [2, 0, 1], two batches arrive first
     iterator = iter(loader)
     assert [next(iterator)["id"].tolist() for _ in range(position)] == [
         [i] for i in order[:position]
@@ -571,8 +573,6 @@ def test_a_failing_transform_surfaces_from_next_with_its_batch(ids_25):
 def test_a_failing_transform_in_spawn_workers_names_its_position(ids_25):
     """Two spawn workers; the batch holding row 7 fails in its worker: the batches before it
     arrive in order, then a BatchLoadError whose message holds the position."""
-    import functools
-
     loader = PrefetchLoader(ids_25, 5, columns=["id"], transform=functools.partial(fail_on_row, 7))
     order = permutation(25)
     batches = [order[i : i + 5] for i in range(0, 25, 5)]
