@@ -19,11 +19,17 @@ binary, large_binary, fixed_size_binary, binary_view   ``list[bytes | None]``   
 .. [1] Arrow packs booleans as bits; torch stores one byte per bool.
 
 "No copy" tensors share memory with the Arrow buffers Lance returned (through DLPack), which belong to
-this batch only, so writing to them is safe. Nulls: a float column (or a fixed-size list of floats)
-turns nulls into ``NaN`` (and is then copied); a null in an integer or bool column, or a null
-fixed-size list, raises ``ValueError`` naming the column. Other types (timestamps, decimals,
-dictionaries, structs, ...) are refused by :func:`check_schema` before any data is read; leave them out
-of ``columns=`` or store them as one of the types above.
+this batch only, so writing to them is safe.
+
+Nulls, checked batch by batch: a null float (float16/32/64, also inside a fixed-size or
+variable-length list) becomes ``NaN`` (and the column is then copied); a null string, binary or
+variable-length list becomes ``None``; a null integer or bool (also inside a list), or a null
+fixed-size list, raises ``ValueError`` naming the column, so only the batches that hold one fail.
+
+Other types (timestamps, dates, decimals, dictionaries, structs, lists of strings, ...) are refused
+by :func:`check_schema` before any data is read; ``transform`` cannot convert them, since it sees
+batches already converted. Leave them out of ``columns=``, or store a copy as one of the types above
+(Lance's ``add_columns`` with an SQL ``CAST`` does that in place; the message gives the call).
 
 Tensors of bytes or strings are the user's business: turn them into tensors in ``transform``.
 """
@@ -99,9 +105,42 @@ def check_schema(schema: pa.Schema) -> None:
         if not _is_supported(field.type):
             raise TypeError(
                 f"column {field.name!r} has Arrow type {field.type}, which lance_prefetch cannot "
-                f"turn into a tensor; leave it out of columns=, or store it as integers, floats, "
-                f"bools, (fixed-size) lists of them, strings or binary and decode it in transform"
+                f"turn into a tensor, and transform cannot help (it receives batches already "
+                f"converted); leave it out of columns=, or add a converted copy to the dataset "
+                f"once and read that instead, {_converted_copy(field)}"
             )
+
+
+def _converted_copy(field: pa.Field) -> str:
+    """How to store a supported copy of ``field``: a Lance ``add_columns`` call with an SQL
+    expression (a cast, or a struct's field) where one fits its type, else the types to aim for."""
+    arrow_type, name = field.type, field.name
+    if pa.types.is_dictionary(arrow_type):  # the cast decodes it to its values' type
+        values = arrow_type.value_type
+        target = (
+            "STRING" if _is_text(values)
+            else "BIGINT" if pa.types.is_integer(values)
+            else "DOUBLE" if pa.types.is_floating(values)
+            else None
+        )  # fmt: skip
+    elif pa.types.is_temporal(arrow_type):  # timestamp, date, time, duration: their integer
+        target = "BIGINT"
+    elif pa.types.is_decimal(arrow_type):
+        target = "DOUBLE"
+    else:
+        target = None
+    suffix = {"STRING": "str", "BIGINT": "int", "DOUBLE": "float"}.get(target or "")
+    if target is not None and "`" not in name:
+        new, expression = f"{name}_{suffix}", f"CAST(`{name}` AS {target})"
+    elif pa.types.is_struct(field.type) and field.type.num_fields and "`" not in name:
+        child = field.type.field(0).name
+        new, expression = f"{name}_{child}", f"`{name}`.`{child}`"  # one column per field
+    else:
+        return (
+            "as integers, floats, bools, (fixed-size) lists of them, strings or binary "
+            "(lance.dataset(uri).add_columns() computes a column from an SQL expression)"
+        )
+    return f"e.g. lance.dataset(uri).add_columns({{{new!r}: {expression!r}}})"
 
 
 def to_tensors(table: pa.Table) -> dict[str, Any]:

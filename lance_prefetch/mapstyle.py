@@ -23,7 +23,7 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import torch
@@ -107,10 +107,15 @@ class LanceMapDataset(Dataset):
     that already used it, the first read fails at once, naming
     ``multiprocessing_context="spawn"``.
 
+    A dataset with no rows is accepted (``len(dataset) == 0``, every index out of range), unlike
+    :class:`~lance_prefetch.PrefetchLoader`, which refuses it.
+
     Raises:
         TypeError: an argument has the wrong type, or a column's Arrow type has no tensor form.
         ValueError: a column or ``version`` does not exist.
         FileNotFoundError: there is no dataset at ``source``.
+        PermissionError, ConnectionError: as for :class:`~lance_prefetch.PrefetchLoader` on an
+            object store (see :class:`~lance_prefetch.source.LanceSource`).
     """
 
     def __init__(
@@ -195,19 +200,28 @@ def _offsets(indices: Sequence[int], num_rows: int) -> np.ndarray:
     if isinstance(indices, torch.Tensor):
         indices = indices.tolist()
     array = np.asarray(indices)
-    if array.ndim != 1 or not (array.dtype.kind in "iu" or array.size == 0):
+    integers = array.ndim == 1 and (array.dtype.kind in "iu" or array.size == 0)
+    if integers and not isinstance(indices, np.ndarray):
+        # numpy turns [0, True] into integers: refuse bools as __getitem__ does
+        integers = not any(isinstance(i, (bool, np.bool_)) for i in indices)
+    if not integers:
         bad = next((i for i in indices if not _is_int(i)), None) if array.ndim == 1 else indices
+        if bad is None:  # integers too large for numpy (beyond 64 bits)
+            _out_of_range(next(i for i in indices if not -num_rows <= i < num_rows), num_rows)
         raise TypeError(f"indices should be integers, but got {bad!r}")
     offsets = array.astype(np.int64, copy=True)
     offsets[offsets < 0] += num_rows
     outside = (offsets < 0) | (offsets >= num_rows)
     if outside.any():
-        first = array[np.argmax(outside)]
-        raise IndexError(
-            f"index {int(first)} is out of range for a dataset of {num_rows} rows "
-            f"(valid: -{num_rows} .. {num_rows - 1})"
-        )
+        _out_of_range(array[np.argmax(outside)], num_rows)
     return offsets
+
+
+def _out_of_range(index: int, num_rows: int) -> NoReturn:
+    valid = f"valid: -{num_rows} .. {num_rows - 1}" if num_rows else "it has no rows"
+    raise IndexError(
+        f"index {int(index)} is out of range for a dataset of {num_rows} rows ({valid})"
+    )
 
 
 def _is_int(value: Any) -> bool:

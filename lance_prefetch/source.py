@@ -17,7 +17,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import PurePath
 from typing import Any, NoReturn
+from urllib.parse import unquote, urlsplit
 
 import lance
 import numpy as np
@@ -62,13 +64,15 @@ class LanceSource:
 
     Raises:
         TypeError: ``source``, ``columns`` or ``storage_options`` has the wrong type.
-        FileNotFoundError: no Lance dataset at the URI, or its S3 bucket does not exist.
+        FileNotFoundError: no Lance dataset at the URI (a local file there is refused at once, with
+            how to convert it), or its S3 bucket does not exist.
         PermissionError: the object store refused the credentials, or none were found.
         ConnectionError: the object store's endpoint could not be reached (probed within a few
             seconds when ``storage_options`` sets it).
-        ValueError: ``version`` does not exist, or a column is not in the schema (the message lists
-            the schema's columns), or ``columns`` is empty or repeats a name, or an S3 endpoint
-            in ``storage_options`` is not a URL or is plain ``http`` without ``allow_http``.
+        ValueError: ``version`` does not exist (the message gives the latest version, and the tags
+            for a tag), or a column is not in the schema (the message lists the schema's columns),
+            or ``columns`` is empty or repeats a name, or an S3 endpoint in ``storage_options`` is
+            not a URL or is plain ``http`` without ``allow_http``.
 
     No message, ``repr`` or re-raised Lance error holds a value of a secret-looking storage option.
     """
@@ -94,6 +98,7 @@ class LanceSource:
             endpoint = check_s3_options(self._storage_options) if is_s3(self.uri) else None
             if endpoint is not None:
                 probe_endpoint(*endpoint, self.uri, self._storage_options)
+            _refuse_a_file(self.uri)  # Lance retries "Not a directory" for seconds
             dataset = self._open(version=None)
         else:
             raise TypeError(
@@ -215,11 +220,65 @@ class LanceSource:
     def _checkout(self, dataset: lance.LanceDataset, version: int | str) -> lance.LanceDataset:
         try:
             return dataset.checkout_version(version)
-        except (ValueError, OSError, KeyError) as exc:
-            raise ValueError(
+        except (ValueError, OSError, KeyError, OverflowError) as exc:
+            message = (
                 f"version={version!r} does not exist in {self.uri!r}; its latest version is "
                 f"{dataset.latest_version}"
-            ) from exc
+            )
+            if isinstance(version, str):  # a tag
+                message += _tags(dataset)
+                if version.strip().isdigit():
+                    message += (
+                        f" (a str names a tag; for version number {int(version)} pass an int)"
+                    )
+            raise ValueError(message) from exc
+
+
+def _tags(dataset: lance.LanceDataset) -> str:
+    """``", and its tags are [...]"`` for a message (empty if the tags cannot be listed)."""
+    try:
+        tags = sorted(dataset.tags.list())
+    except Exception:  # the message is about the version; a failed listing must not replace it
+        return ""
+    return f", and its tags are {tags}" if tags else ", and it has no tags"
+
+
+# File suffixes pyarrow.dataset reads, for the hint when a file is given as the dataset.
+_FILE_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "ipc",
+                 ".feather": "ipc", ".ipc": "ipc", ".json": "json", ".jsonl": "json"}  # fmt: skip
+
+
+def _refuse_a_file(uri: str) -> None:
+    """Refuse a local ``uri`` that is a file, or lies under one, before Lance tries to open it.
+
+    Lance retries listing ``<file>/_versions`` for about two seconds before it gives up with
+    "Not a directory"; this check answers at once and says what to do with the file.
+
+    Raises:
+        FileNotFoundError: ``uri`` (or one of its parent paths) is an existing file.
+    """
+    parts = urlsplit(uri)
+    if parts.scheme.lower() == "file":
+        path = unquote(parts.path)
+    elif len(parts.scheme) > 1:  # an object store (a one-letter scheme is a Windows drive)
+        return
+    else:
+        path = uri
+    for candidate in (PurePath(path), *PurePath(path).parents):
+        if os.path.isdir(candidate):
+            return
+        if os.path.isfile(candidate):
+            break
+    else:
+        return
+    file_format = _FILE_FORMATS.get(candidate.suffix.lower())
+    read = f"{str(candidate)!r}" + (f", format={file_format!r}" if file_format else "")
+    raise FileNotFoundError(
+        f"source: no Lance dataset at {uri!r}: {str(candidate)!r} is a file, but a Lance dataset "
+        f"is a directory with a _versions/ folder; to read a Parquet, CSV or Arrow file, write "
+        f"it to Lance once and pass that, e.g. "
+        f"lance.write_dataset(pyarrow.dataset.dataset({read}), 'data.lance')"
+    )
 
 
 def _reraise_scrubbed(exc: Exception, storage_options: Mapping[str, str] | None) -> NoReturn:
