@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from .convert import check_schema, to_tensors
+from .retry import RetryPolicy
 from .source import LanceSource, redact
 
 if TYPE_CHECKING:
@@ -100,6 +101,10 @@ class LanceMapDataset(Dataset):
         transform (Callable, optional): applied to each batch from :meth:`__getitems__` (and to
             each row from :meth:`__getitem__`), in the process that reads it: a DataLoader worker, so
             CPU-heavy preprocessing runs in parallel across workers. Default: ``None``.
+        retry (RetryPolicy, optional): how a ``take`` that fails with a transient error is
+            retried, in the reading process's own thread (see
+            :class:`~lance_prefetch.RetryPolicy`; its ``timeout`` must be ``None`` here).
+            ``None``: no retry. Default: ``RetryPolicy()``, 3 attempts.
 
     Indices are offsets among the live rows of the pinned version, ``0 .. len(dataset) - 1``
     (negative ones count from the end, as in Python). The dataset pickles small (URI, version,
@@ -112,7 +117,7 @@ class LanceMapDataset(Dataset):
 
     Raises:
         TypeError: an argument has the wrong type, or a column's Arrow type has no tensor form.
-        ValueError: a column or ``version`` does not exist.
+        ValueError: a column or ``version`` does not exist, or ``retry`` has a ``timeout``.
         FileNotFoundError: there is no dataset at ``source``.
         PermissionError, ConnectionError: as for :class:`~lance_prefetch.PrefetchLoader` on an
             object store (see :class:`~lance_prefetch.source.LanceSource`).
@@ -126,10 +131,23 @@ class LanceMapDataset(Dataset):
         storage_options: Mapping[str, str] | None = None,
         version: int | str | None = None,
         transform: Callable[[Any], Any] | None = None,
+        retry: RetryPolicy | None = RetryPolicy(),  # noqa: B008  (frozen, shared safely)
     ) -> None:
         if transform is not None and not callable(transform):
             raise TypeError(f"transform should be callable or None, but got {transform!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(
+                f"retry should be a lance_prefetch.RetryPolicy or None, but got retry={retry!r}"
+            )
+        if retry is not None and retry.timeout is not None:
+            raise ValueError(
+                f"retry: LanceMapDataset reads in the DataLoader worker's own thread, where a "
+                f"take cannot be abandoned, so it takes no timeout (got timeout={retry.timeout:g}); "
+                f"use RetryPolicy(timeout=None) and bound each request with "
+                f"storage_options['timeout'], or use PrefetchLoader"
+            )
         self.transform = transform
+        self.retry = retry
         self._source = LanceSource(
             source, columns=columns, version=version, storage_options=storage_options
         )
@@ -186,7 +204,9 @@ class LanceMapDataset(Dataset):
     def _take(self, indices: Sequence[int]) -> Any:
         offsets = _offsets(indices, len(self))
         self._source.check_process()
-        return self._source.take(offsets)
+        if self.retry is None:
+            return self._source.take(offsets)
+        return self.retry.call(self._source.take, offsets)
 
     def __repr__(self) -> str:
         return (

@@ -15,13 +15,17 @@ answering 503 "slow down" for a while, a connection that drops, a request that h
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import anyio
 import tenacity
 
 __all__ = ["RetryPolicy", "is_transient"]
+
+T = TypeVar("T")
 
 # OSError messages (Lance reports every storage failure as OSError) that no retry will fix: the
 # object is gone (a data file deleted by a cleanup of old versions) or the store refuses access.
@@ -132,14 +136,35 @@ class RetryPolicy:
 
     def retrying(self) -> tenacity.AsyncRetrying:
         """A fresh ``tenacity.AsyncRetrying`` for one batch (waits with ``anyio.sleep``; the last
-        error is re-raised as it is)."""
-        return tenacity.AsyncRetrying(
-            stop=tenacity.stop_after_attempt(self.attempts),
-            wait=tenacity.wait_random_exponential(multiplier=self.backoff, max=self.max_backoff),
-            retry=tenacity.retry_if_exception(self.retry_on),
-            sleep=anyio.sleep,
-            reraise=True,
-        )
+        error is re-raised as it is). ``timeout`` is applied by the caller."""
+        return tenacity.AsyncRetrying(sleep=anyio.sleep, **self._strategy())
+
+    def call(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in this thread, retried by this policy (waits with ``time.sleep``;
+        the last error is re-raised as it is). There is no ``timeout`` here: a blocking call cannot
+        be abandoned from its own thread.
+
+        Raises:
+            ValueError: this policy has a ``timeout``.
+        """
+        if self.timeout is not None:
+            raise ValueError(
+                f"timeout={self.timeout:g} needs the reads to run in background threads, which "
+                f"this reader does not use; use RetryPolicy(timeout=None) and bound each request "
+                f"with the storage option 'timeout' instead"
+            )
+        return tenacity.Retrying(sleep=time.sleep, **self._strategy())(function, *args)
+
+    def _strategy(self) -> dict[str, Any]:
+        return {
+            "stop": tenacity.stop_after_attempt(self.attempts),
+            "wait": tenacity.wait_random_exponential(multiplier=self.backoff, max=self.max_backoff),
+            # only Exceptions: a cancellation or KeyboardInterrupt is never retried
+            "retry": tenacity.retry_if_exception(
+                lambda error: isinstance(error, Exception) and self.retry_on(error)
+            ),
+            "reraise": True,
+        }
 
 
 def _check_seconds(name: str, value: object) -> None:

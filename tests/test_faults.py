@@ -248,3 +248,20 @@ def test_collect_helper_still_sees_every_row_with_retries_on(ids_25):
     loader = PrefetchLoader(ids_25, 5, drop_last=False)
     assert loader.retry == RetryPolicy()
     assert sorted(i for batch in collect(loader) for i in batch) == list(range(25))
+
+
+def test_the_map_dataset_retries_transient_failures_too(ids_1003):
+    from lance_prefetch import LanceMapDataset
+
+    dataset = LanceMapDataset(ids_1003, columns=["id"], retry=FAST)
+    dataset._source = flaky = FlakySource(dataset._source, every=2)
+    batches = [list(range(start, start + 10)) for start in range(0, 100, 10)]
+    assert [dataset.__getitems__(b).data["id"].tolist() for b in batches] == batches
+    assert flaky.failures == 5 and flaky.takes == 15
+
+    once = LanceMapDataset(ids_1003, columns=["id"], retry=None)
+    once._source = FlakySource(once._source, every=1)
+    with pytest.raises(OSError, match="503 Service Unavailable"):
+        once.__getitems__([1, 2])
+    with pytest.raises(ValueError, match="takes no timeout .* storage_options\\['timeout'\\]"):
+        LanceMapDataset(ids_1003, retry=RetryPolicy(timeout=5.0))
