@@ -126,8 +126,10 @@ def read_with_write_mid_epoch(loader: PrefetchLoader, monkeypatch, write_now) ->
     gate = HeldTakes(monkeypatch, free=expected_rank_ids(loader)[0])
     iterator = iter(loader)
     first = next(iterator)
-    assert wait_until(lambda: gate.waiting == loader.max_in_flight)
-    assert iterator.statistics().held == loader.readahead  # reads in flight + queued for a thread
+    # max_in_flight takes held at their start, readahead batches held in all (the rest queued for
+    # a thread; the slot batch 0 gave back is taken again)
+    assert wait_until(lambda: gate.waiting == loader.max_in_flight, timeout=30)
+    assert wait_until(lambda: iterator.statistics().held == loader.readahead, timeout=30)
     write_now()
     gate.release()
     return [first, *iterator]
@@ -334,7 +336,7 @@ def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_
     gate = HeldTakes(monkeypatch, free=expected[0])
     iterator = iter(loader)
     first = next(iterator)
-    assert wait_until(lambda: gate.waiting == 4)
+    assert wait_until(lambda: gate.waiting == 4, timeout=30)
     in_thread(lambda: [write(uri, op) for op in ("compact", "cleanup")])
     latest = lance.dataset(uri).version
     assert [v["version"] for v in lance.dataset(uri).versions()] == [latest]  # only the latest
