@@ -1,0 +1,478 @@
+"""The pinned dataset version against writers: what a loader reads while the dataset changes.
+
+A loader pins the dataset version at construction. A writer (a thread here, or a separate process)
+that appends, deletes, overwrites or compacts while an epoch runs changes nothing in that epoch or
+in later epochs: the ids are exactly the plan's. Rows deleted before construction are never
+sampled (``take`` addresses live rows by offset). Removing the pinned version's files
+(``cleanup_old_versions``) makes the next read fail with ``BatchLoadError``, never return other
+rows. Every batch is checked before and after ``take``: offsets outside the version are an
+``IndexError`` before any read, and a result with fewer rows than asked is an error.
+
+The mid-epoch writes are deterministic: every ``take`` but the first batch's waits at its start
+until the write is committed, so the write lands while the loader holds ``readahead`` batches,
+``max_in_flight`` of them as ``take`` calls in flight, and every later read runs after it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import lance
+import numpy as np
+import pytest
+from helpers import batch_ids, collect, expected_rank_ids, wait_until
+from torch.utils.data import DataLoader
+from writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
+
+from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch.source import LanceSource
+
+WRITERS = Path(__file__).with_name("writers.py")
+#: every ``take`` held by HeldTakes gives up after this long (a test never hangs on a gate)
+GATE_TIMEOUT_S = 60.0
+
+
+class HeldTakes:
+    """Hold every ``LanceSource.take`` but the one of the batch ``free`` at its start (before Lance
+    reads) until :meth:`release`; ``waiting`` counts the takes held."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, free: list[int]) -> None:
+        self.released = threading.Event()
+        self._lock = threading.Lock()
+        self.waiting = 0
+        original = LanceSource.take
+
+        def take(source: LanceSource, indices: np.ndarray):
+            if indices.tolist() != free and not self.released.is_set():
+                with self._lock:
+                    self.waiting += 1
+                try:
+                    if not self.released.wait(GATE_TIMEOUT_S):
+                        raise TimeoutError("the test never released the held takes")
+                finally:
+                    with self._lock:
+                        self.waiting -= 1
+            return original(source, indices)
+
+        monkeypatch.setattr(LanceSource, "take", take)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def in_thread(function, *args) -> None:
+    """Run ``function(*args)`` in another thread, wait for it (60 s at most) and re-raise its
+    error here."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            function(*args)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="test-writer")
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the writer thread did not finish within 60 s"
+    if errors:
+        raise errors[0]
+
+
+def in_process(uri: str, *operations: str) -> None:
+    """Run ``operations`` (see ``writers.write``) in a separate Python process."""
+    done = subprocess.run(
+        [sys.executable, str(WRITERS), uri, *operations],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def check_rows(batches) -> None:
+    """Every row's columns belong together: ``label == id % 10`` (no row mixed from versions)."""
+    for batch in batches:
+        assert batch["label"].tolist() == [i % 10 for i in batch["id"].tolist()]
+
+
+def latest_ids_after(operations: tuple[str, ...], before: list[int]) -> list[int]:
+    """The latest version's ids after ``operations`` on a dataset whose ids were ``before``."""
+    ids = list(before)
+    for operation in operations:
+        if operation == "append":
+            ids += list(APPENDED_IDS)
+        elif operation == "delete":
+            ids = [i for i in ids if i >= 100]
+        elif operation == "overwrite":
+            ids = list(OVERWRITTEN_IDS)
+        elif operation == "compact":
+            ids = [i for i in ids if i % 3]
+    return ids
+
+
+def read_with_write_mid_epoch(loader: PrefetchLoader, monkeypatch, write_now) -> list:
+    """Read epoch 0 of ``loader``; after its first batch, with ``readahead`` batches held and
+    ``max_in_flight`` takes in flight, call ``write_now()``. Returns every batch of the epoch."""
+    loader.set_epoch(0)
+    gate = HeldTakes(monkeypatch, free=expected_rank_ids(loader)[0])
+    iterator = iter(loader)
+    first = next(iterator)
+    # max_in_flight takes held at their start, readahead batches held in all (the rest queued for
+    # a thread; the slot batch 0 gave back is taken again)
+    assert wait_until(lambda: gate.waiting == loader.max_in_flight, timeout=30)
+    assert wait_until(lambda: iterator.statistics().held == loader.readahead, timeout=30)
+    write_now()
+    gate.release()
+    return [first, *iterator]
+
+
+@pytest.mark.parametrize(
+    "operations",
+    [("append",), ("delete",), ("overwrite",), ("compact",), ("append", "delete", "overwrite")],
+)
+def test_a_write_mid_epoch_changes_nothing_in_this_or_later_epochs(
+    fresh_ids, monkeypatch, operations
+):
+    uri = fresh_ids(1003, rows_per_file=300)
+    loader = PrefetchLoader(uri, 10, columns=["id", "label"], seed=3, readahead=8, max_in_flight=4)
+    expected = expected_rank_ids(loader)
+
+    batches = read_with_write_mid_epoch(
+        loader, monkeypatch, lambda: in_thread(lambda: [write(uri, op) for op in operations])
+    )
+
+    # the writes are committed: the latest version holds other rows than the pinned one
+    assert lance.dataset(uri).version > loader.version
+    assert live_ids(uri) == latest_ids_after(operations, list(range(1003)))
+    assert (loader.version, loader.num_rows) == (1, 1003)
+    assert batch_ids(batches) == expected and len(expected) == 100
+    check_rows(batches)
+    # a later epoch: the same pinned rows, in that epoch's permutation
+    loader.set_epoch(1)
+    later = list(loader)
+    assert batch_ids(later) == expected_rank_ids(loader) != expected
+    check_rows(later)
+
+
+def test_a_writer_process_mid_epoch_changes_nothing(fresh_ids, monkeypatch):
+    """The writer is a separate process (its own Lance runtime), rank 1 of 2 reads."""
+    uri = fresh_ids(1003, rows_per_file=300)
+    loader = PrefetchLoader(
+        uri, 10, columns=["id", "label"], seed=4, readahead=8, max_in_flight=4, rank=1, world_size=2
+    )
+    expected = expected_rank_ids(loader)
+    operations = ("append", "delete", "overwrite")
+
+    batches = read_with_write_mid_epoch(loader, monkeypatch, lambda: in_process(uri, *operations))
+
+    assert live_ids(uri) == list(OVERWRITTEN_IDS) and lance.dataset(uri).version == 4
+    assert batch_ids(batches) == expected and len(expected) == 50
+    check_rows(batches)
+    loader.set_epoch(1)
+    assert collect(loader) == expected_rank_ids(loader) != expected
+
+
+def test_a_writer_looping_through_the_epoch_changes_nothing(fresh_ids):
+    """Free-running: a writer thread appends, deletes, overwrites and compacts over and over while
+    the loader reads with readahead; every 25 batches the loop waits for one more commit, so
+    writes interleave with the reads all through the epoch."""
+    uri = fresh_ids(1003, rows_per_file=100)
+    loader = PrefetchLoader(
+        uri, 4, columns=["id", "label"], seed=5, readahead=8, max_in_flight=4, drop_last=False
+    )
+    expected = expected_rank_ids(loader)
+    stop = threading.Event()
+    committed: list[str] = []
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        cycle = ("append", "delete", "overwrite", "compact")
+        try:
+            while not stop.is_set() and len(committed) < 40:
+                operation = cycle[len(committed) % len(cycle)]
+                write(uri, operation)
+                committed.append(operation)
+        except BaseException as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=loop, name="test-writer")
+    writer.start()
+    batches = []
+    try:
+        for number, batch in enumerate(loader):
+            batches.append(batch)
+            if number % 25 == 0:
+                target = number // 25 + 1
+                assert wait_until(lambda t=target: len(committed) >= t or errors, timeout=30)
+    finally:
+        stop.set()
+        writer.join(60)
+    assert not errors and not writer.is_alive()
+    assert len(committed) >= len(expected) // 25 + 1
+    assert batch_ids(batches) == expected and len(expected) == 251
+    check_rows(batches)
+    assert sorted(i for b in expected for i in b) == list(range(1003))
+
+
+@dataclass(frozen=True)
+class WaitForFlag:
+    """A transform for spawn DataLoader workers: every batch but ``free`` waits until the file
+    ``flag`` exists (at most 60 s), so the main process can write while the workers are mid-epoch."""
+
+    flag: str
+    free: tuple[int, ...]
+
+    def __call__(self, batch):
+        if tuple(batch["id"].tolist()) != self.free:
+            deadline = time.monotonic() + GATE_TIMEOUT_S
+            while not os.path.exists(self.flag):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.flag} never appeared")
+                time.sleep(0.01)
+        return batch
+
+
+@pytest.mark.slow
+def test_a_writer_process_mid_epoch_through_spawn_workers(fresh_ids, tmp_path):
+    """Two spawn DataLoader workers read epoch 0; after the first batch a writer process appends,
+    deletes and overwrites. Epoch 0 and epoch 1 (new workers, which reopen the pinned version
+    after the writes) are exactly the plan's."""
+    uri = fresh_ids(1003, rows_per_file=300)
+    plan_loader = PrefetchLoader(uri, 10, seed=6)
+    first = tuple(expected_rank_ids(plan_loader)[0])
+    flag = tmp_path / "written"
+    loader = PrefetchLoader(
+        uri,
+        10,
+        columns=["id", "label"],
+        seed=6,
+        readahead=4,
+        max_in_flight=2,
+        transform=WaitForFlag(str(flag), first),
+    )
+    loader.set_epoch(0)
+    expected = expected_rank_ids(loader)
+    data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    iterator = iter(data)
+    batches = [next(iterator)]
+    in_process(uri, "append", "delete", "overwrite")
+    flag.touch()
+    batches += list(iterator)
+    assert live_ids(uri) == list(OVERWRITTEN_IDS)
+    assert batch_ids(batches) == expected and len(expected) == 100
+    check_rows(batches)
+    loader.set_epoch(1)
+    later = list(data)
+    assert batch_ids(later) == expected_rank_ids(loader) != expected
+    check_rows(later)
+
+
+def test_rows_deleted_before_construction_are_never_sampled(fresh_ids):
+    """Deleted in two commits, a whole fragment among them: num_rows counts live rows, and with
+    drop_last=False every live id comes exactly once, in the plan's order, on one or two ranks."""
+    uri = fresh_ids(1003, rows_per_file=100)
+    lance.dataset(uri).delete("id % 7 = 3")
+    lance.dataset(uri).delete("id >= 300 AND id < 400")  # all of fragment 3
+    deleted = {i for i in range(1003) if i % 7 == 3 or 300 <= i < 400}
+    live = [i for i in range(1003) if i not in deleted]
+    assert live_ids(uri) == live and len(live) == 774
+
+    loader = PrefetchLoader(uri, 16, columns=["id", "label"], drop_last=False, seed=7)
+    assert loader.num_rows == 774 and loader.version == 3
+    batches = list(loader)
+    ids = batch_ids(batches)
+    assert ids == [[live[o] for o in b] for b in expected_rank_ids(loader)]
+    assert sorted(i for b in ids for i in b) == live  # each live id once, no deleted id
+    check_rows(batches)
+
+    ranks = [
+        PrefetchLoader(uri, 16, columns=["id"], drop_last=False, seed=7, rank=r, world_size=2)
+        for r in (0, 1)
+    ]
+    seen = [i for r in ranks for b in collect(r, epoch=2) for i in b]
+    assert len(seen) == 774 and sorted(seen) == live  # an even count: no padding
+
+
+def test_a_loader_on_an_older_version_reads_that_version(fresh_ids):
+    """Versions 1 (500 rows), 2 (+ 500 appended), 3 (100 deleted), 4 (overwritten by 300 rows of
+    other ids), 5 (every third deleted), then compacted (Lance commits twice): a loader built with
+    version=v (a number or a tag) reads exactly v's live rows, in every epoch and in a copy."""
+    uri = fresh_ids(500, rows_per_file=100)
+    for operation in ("append", "delete", "overwrite", "compact"):
+        write(uri, operation)
+    lance.dataset(uri).tags.create("before-overwrite", 3)
+    assert lance.dataset(uri).version == 7 and len(live_ids(uri)) == 200
+    cases = [(1, 500), (2, 1000), (3, 900), (4, 300), (5, 200), ("before-overwrite", 900)]
+    for version, num_rows in cases:
+        loader = PrefetchLoader(uri, 8, columns=["id", "label"], drop_last=False, version=version)
+        live = live_ids(uri, loader.version)
+        assert loader.num_rows == num_rows == len(live)
+        assert loader.version == (3 if version == "before-overwrite" else version)
+        for epoch in (0, 1):
+            batches = collect(loader, epoch=epoch)
+            assert batches == [[live[o] for o in b] for b in expected_rank_ids(loader)]
+            assert sorted(i for b in batches for i in b) == sorted(live)
+        clone = pickle.loads(pickle.dumps(loader))  # reopens the pinned version lazily
+        assert collect(clone, epoch=0) == [[live[o] for o in b] for b in expected_rank_ids(clone)]
+
+
+def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_ids, monkeypatch):
+    """Compaction rewrites every data file; cleanup_old_versions(older_than=0) then deletes the
+    pinned version's files. The batches already read arrive intact, the next read fails with
+    BatchLoadError (Lance: not found), and so do later epochs and fresh copies of the loader."""
+    uri = fresh_ids(1003, rows_per_file=300)
+    loader = PrefetchLoader(uri, 10, columns=["id", "label"], seed=8, readahead=8, max_in_flight=4)
+    expected = expected_rank_ids(loader)
+    loader.set_epoch(0)
+    gate = HeldTakes(monkeypatch, free=expected[0])
+    iterator = iter(loader)
+    first = next(iterator)
+    assert wait_until(lambda: gate.waiting == 4, timeout=30)
+    in_thread(lambda: [write(uri, op) for op in ("compact", "cleanup")])
+    latest = lance.dataset(uri).version
+    assert [v["version"] for v in lance.dataset(uri).versions()] == [latest]  # only the latest
+    gate.release()
+
+    assert first["id"].tolist() == expected[0]
+    with pytest.raises(BatchLoadError) as info:
+        next(iterator)
+    assert (info.value.epoch, info.value.position, info.value.num_rows) == (0, 1, 10)
+    assert "version 1 failed: OSError" in str(info.value) and "Not found" in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+    assert iterator.closed
+
+    loader.set_epoch(1)
+    with pytest.raises(BatchLoadError, match=r"^batch 0 of epoch 1 \(10 rows\).*Not found"):
+        list(loader)
+    # a copy (as in a spawned DataLoader worker) cannot reopen version 1 at all
+    clone = pickle.loads(pickle.dumps(loader))
+    with pytest.raises(BatchLoadError) as info:
+        list(clone)
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+    # and a new loader on that version is refused at construction
+    with pytest.raises(
+        ValueError, match=rf"version=1 does not exist .* latest version is {latest}$"
+    ):
+        PrefetchLoader(uri, 10, version=1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a copy that reopens a removed version says 'no Lance dataset at <uri>; check the "
+    "path' (source._open -> _storage.explain_open_error matches 'not found'), though the "
+    "dataset is there and only the pinned version is gone",
+)
+def test_a_copy_reopening_a_removed_version_names_the_version(fresh_ids):
+    uri = fresh_ids(100, rows_per_file=10)
+    loader = PrefetchLoader(uri, 10, columns=["id"])
+    for operation in ("compact", "cleanup"):
+        write(uri, operation)
+    with pytest.raises(BatchLoadError) as info:
+        list(pickle.loads(pickle.dumps(loader)))
+    assert "version 1" in str(info.value.__cause__)
+
+
+def test_a_tagged_version_survives_compaction_and_cleanup_mid_epoch(fresh_ids, monkeypatch):
+    """The way to keep a long run safe from cleanup: tag the version and pass the tag. Lance's
+    cleanup refuses a tagged version (OSError) or, told to skip tags, keeps its files."""
+    uri = fresh_ids(1003, rows_per_file=300)
+    lance.dataset(uri).tags.create("training", 1)
+    loader = PrefetchLoader(uri, 10, columns=["id", "label"], seed=9, version="training")
+    expected = expected_rank_ids(loader)
+
+    def compact_and_clean_up() -> None:
+        write(uri, "compact")
+        with pytest.raises(OSError, match="tagged version"):
+            write(uri, "cleanup")
+        lance.dataset(uri).cleanup_old_versions(
+            older_than=datetime.timedelta(0), error_if_tagged_old_versions=False
+        )
+
+    batches = read_with_write_mid_epoch(
+        loader, monkeypatch, lambda: in_thread(compact_and_clean_up)
+    )
+    assert batch_ids(batches) == expected
+    check_rows(batches)
+    loader.set_epoch(1)
+    assert collect(loader) == expected_rank_ids(loader)
+    clone = pickle.loads(pickle.dumps(loader))  # reopens the tagged version lazily
+    assert collect(clone, epoch=2) == expected_rank_ids(clone)
+
+
+# -- every batch is validated around take -----------------------------------------------------
+
+
+def test_a_short_result_from_lance_is_an_error_naming_the_counts(fresh_ids, monkeypatch):
+    """The opened dataset's take drops the last row of batch 2: batches 0 and 1 arrive, then
+    BatchLoadError naming 9 rows for 10 offsets; never a 9-row batch."""
+    uri = fresh_ids(100, rows_per_file=30)
+    loader = PrefetchLoader(uri, 10, columns=["id"], readahead=4, max_in_flight=2)
+    expected = expected_rank_ids(loader)
+    dataset = loader._source._opened()
+    original = dataset.take
+
+    def take(indices, columns=None):
+        if indices.tolist() == expected[2]:
+            indices = indices[:-1]
+        return original(indices, columns=columns)
+
+    monkeypatch.setattr(dataset, "take", take)
+    iterator = iter(loader)
+    assert [next(iterator)["id"].tolist() for _ in range(2)] == expected[:2]
+    with pytest.raises(BatchLoadError) as info:
+        next(iterator)
+    assert (info.value.position, info.value.num_rows) == (2, 10)
+    assert str(info.value).endswith(
+        f"failed: OSError: Lance returned 9 rows for 10 offsets from {uri!r} version 1"
+    )
+    assert isinstance(info.value.__cause__, OSError)
+    assert iterator.closed
+
+
+@pytest.mark.parametrize(
+    "indices",
+    [
+        np.array([0, 100]),
+        np.array([5, 99, 100, 101]),
+        np.array([100, 0, 1]),
+        np.array([1000]),
+        np.array([-1, 0]),
+        np.array([0, 2**40], dtype=np.uint64),
+    ],
+    ids=["one-past", "last", "not-last", "far", "negative", "huge-uint64"],
+)
+def test_out_of_range_offsets_raise_index_error_before_any_read(fresh_ids, monkeypatch, indices):
+    uri = fresh_ids(100, rows_per_file=30)
+    source = LanceSource(uri, columns=["id"])
+    dataset = source._opened()
+    calls = []
+    monkeypatch.setattr(dataset, "take", lambda *args, **kwargs: calls.append(args))
+    with pytest.raises(IndexError) as info:
+        source.take(indices)
+    assert str(info.value) == (
+        f"row offsets must be in [0, 100) for {uri!r} version 1, but got min "
+        f"{int(indices.min())}, max {int(indices.max())}"
+    )
+    assert calls == []
+
+
+def test_lance_itself_drops_an_out_of_range_offset_unless_it_is_last(fresh_ids):
+    """Why the range check matters (pylance 14.0.2): an out-of-range offset followed by a valid one
+    is silently dropped, a shorter table comes back; only when the last offset is out of range
+    does Lance raise (an OSError about row address 2**64 - 1). If this fails, Lance changed: check
+    LanceSource.take's docstring and docs/design.md."""
+    uri = fresh_ids(100, rows_per_file=30)
+    dataset = lance.dataset(uri)
+    assert dataset.take(np.array([5, 100, 7]), columns=["id"])["id"].to_pylist() == [5, 7]
+    assert dataset.take(np.array([100, 0]), columns=["id"])["id"].to_pylist() == [0]
+    with pytest.raises(OSError, match="18446744073709551615"):
+        dataset.take(np.array([0, 100]), columns=["id"])
