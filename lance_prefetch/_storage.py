@@ -207,7 +207,11 @@ def probe_endpoint(
 
 
 def explain_open_error(
-    exc: BaseException, uri: str, storage_options: Mapping[str, str] | None
+    exc: BaseException,
+    uri: str,
+    storage_options: Mapping[str, str] | None,
+    *,
+    version: int | None = None,
 ) -> Exception | None:
     """The clear error to raise instead of Lance's ``exc`` from opening the dataset at ``uri``.
 
@@ -218,6 +222,8 @@ def explain_open_error(
         exc (BaseException): what ``lance.dataset`` raised.
         uri (str): the dataset URI.
         storage_options (Mapping[str, str] | None): the options it was opened with.
+        version (int, optional): the version being opened (a pinned one, reopened in another
+            process), if any.
 
     Returns:
         Exception | None: ``FileNotFoundError`` (no such bucket, or no dataset at the path),
@@ -247,6 +253,13 @@ def explain_open_error(
             f"source: no AWS credentials were found for {uri!r}; pass "
             f"storage_options['aws_access_key_id'] and ['aws_secret_access_key'] (they travel "
             f"with the loader into DataLoader workers)"
+        )
+    if version is not None and "not found" in lowered and "_versions/" in lowered:
+        return FileNotFoundError(
+            f"source: version {version} of {uri!r} is gone (its manifest was removed, e.g. by "
+            f"cleanup_old_versions) while the loader was pinned to it; tag the version you "
+            f"train on (dataset.tags.create(name, version)) and pass version=name, so that "
+            f"cleanup keeps it, or build the loader again on the latest version"
         )
     if "not found" in lowered or "not a directory" in lowered:
         return FileNotFoundError(

@@ -138,7 +138,7 @@ class LanceSource:
 
         Raises:
             IndexError: an index is outside ``[0, num_rows)`` (checked before reading, because Lance
-                silently drops out-of-range offsets).
+                silently drops an out-of-range offset followed by a valid one).
             ShortReadError: storage returned a different number of rows than asked for (an
                 ``OSError``).
             Exception: Lance's own error from the read (its message without secret values), or,
@@ -210,7 +210,7 @@ class LanceSource:
         try:
             return lance.dataset(self.uri, version=version, storage_options=self._storage_options)
         except (ValueError, OSError) as exc:
-            error = explain_open_error(exc, self.uri, self._storage_options)
+            error = explain_open_error(exc, self.uri, self._storage_options, version=version)
             if error is None:
                 _reraise_scrubbed(exc, self._storage_options)
             # Chain Lance's error for debugging, unless its message quotes a secret.

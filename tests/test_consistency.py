@@ -365,12 +365,6 @@ def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_
         PrefetchLoader(uri, 10, version=1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a copy that reopens a removed version says 'no Lance dataset at <uri>; check the "
-    "path' (source._open -> _storage.explain_open_error matches 'not found'), though the "
-    "dataset is there and only the pinned version is gone",
-)
 def test_a_copy_reopening_a_removed_version_names_the_version(fresh_ids):
     uri = fresh_ids(100, rows_per_file=10)
     loader = PrefetchLoader(uri, 10, columns=["id"])
@@ -378,7 +372,11 @@ def test_a_copy_reopening_a_removed_version_names_the_version(fresh_ids):
         write(uri, operation)
     with pytest.raises(BatchLoadError) as info:
         list(pickle.loads(pickle.dumps(loader)))
-    assert "version 1" in str(info.value.__cause__)
+    cause = info.value.__cause__
+    assert isinstance(cause, FileNotFoundError)
+    assert str(cause).startswith(f"source: version 1 of {uri!r} is gone (its manifest was removed")
+    assert "dataset.tags.create(name, version)" in str(cause)
+    assert info.value.attempts == 1  # not transient: not retried
 
 
 def test_a_tagged_version_survives_compaction_and_cleanup_mid_epoch(fresh_ids, monkeypatch):
