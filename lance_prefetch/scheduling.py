@@ -38,6 +38,7 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 
+from ._exit_guard import exit_if_stuck
 from ._validate import check_int
 from .retry import RetryPolicy
 
@@ -579,10 +580,14 @@ _finishing: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 @atexit.register
 def _close_live_prefetchers() -> None:
     """At exit, close every live iterator and wait (at most :data:`CLOSE_TIMEOUT_S` in all) for
-    fetches still running, while their threads can still end normally."""
+    fetches still running, while their threads can still end normally. If one is still inside a
+    native call (a Lance ``take``) after that, the process ends at once
+    (:func:`~lance_prefetch._exit_guard.exit_if_stuck`): finalizing under it would abort."""
     for prefetcher in list(_live):
         prefetcher.close(wait=False)
-    if not _join(_finishing, CLOSE_TIMEOUT_S):
-        _logger.warning(
-            "a fetch was still running %.1f s after exit began; it was abandoned", CLOSE_TIMEOUT_S
-        )
+    if _join(_finishing, CLOSE_TIMEOUT_S):
+        return
+    exit_if_stuck(CLOSE_TIMEOUT_S)
+    _logger.warning(
+        "a fetch was still running %.1f s after exit began; it was abandoned", CLOSE_TIMEOUT_S
+    )

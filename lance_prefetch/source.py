@@ -25,6 +25,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from ._exit_guard import native_call
 from ._storage import check_s3_options, explain_open_error, is_s3, probe_endpoint, scrub
 from ._storage import redact as redact
 from ._validate import check_int
@@ -151,7 +152,8 @@ class LanceSource:
             )
         dataset = self._opened()
         try:
-            table = dataset.take(indices, columns=list(self.columns))
+            with native_call():  # see _exit_guard: the interpreter must not finalize under it
+                table = dataset.take(indices, columns=list(self.columns))
         except Exception as exc:
             _reraise_scrubbed(exc, self._storage_options)
         if table.num_rows != len(indices):

@@ -1,0 +1,72 @@
+"""Keep the interpreter from finalizing under a thread that is inside a native call.
+
+A thread that released the GIL for a long native call (a Lance ``take``) and returns while the
+interpreter finalizes is ended by Python 3.10-3.13 inside the native frames, and the process aborts
+("terminate called without an active exception", SIGABRT). :func:`native_call` marks such calls;
+:func:`exit_if_stuck`, run by the prefetcher's ``atexit`` hook once it has waited for running reads,
+ends the process at once with ``os._exit`` if one is still inside its call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing.util
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+
+__all__ = ["exit_if_stuck", "native_call"]
+
+_logger = logging.getLogger("lance_prefetch.scheduling")
+_inside: set[threading.Thread] = set()
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def native_call() -> Iterator[None]:
+    """Mark the calling thread as inside a native call for the ``with`` block."""
+    thread = threading.current_thread()
+    with _lock:
+        _inside.add(thread)
+    try:
+        yield
+    finally:
+        with _lock:
+            _inside.discard(thread)
+
+
+def exit_if_stuck(waited_s: float) -> None:
+    """If a thread is still inside a :func:`native_call`, end the process now, before finalizing.
+
+    The exit status is kept where it can be known: 1 after an unhandled exception, SIGINT after an
+    unhandled ``KeyboardInterrupt`` (as Python itself exits), else 0 (the status of a
+    ``sys.exit(n)`` is not visible from an ``atexit`` hook). ``atexit`` hooks registered before
+    lance_prefetch was imported do not run then; standard streams and logging are flushed, and
+    multiprocessing's exit work is done (shared semaphores unlinked, daemonic children stopped).
+    """
+    with _lock:
+        stuck = [thread for thread in _inside if thread.is_alive()]
+    if not stuck:
+        return
+    error = getattr(sys, "last_value", None)  # set when an unhandled exception was printed
+    _logger.warning(
+        "%d read(s) still running %.1f s after exit began; ending the process now rather than "
+        "finalizing the interpreter under them (which would abort it)",
+        len(stuck),
+        waited_s,
+    )
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        # What multiprocessing's own atexit hook does (it would not run after os._exit): run its
+        # finalizers (shared semaphores are unlinked) and stop daemonic child processes.
+        multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if isinstance(error, KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(1 if error is not None else 0)
