@@ -7,10 +7,19 @@ import signal
 import threading
 import time
 
+import torch
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
 from lance_prefetch.scheduling import THREAD_NAME
+
+
+def checkout_env() -> dict[str, str]:
+    """The environment for a Python subprocess that imports this checkout's lance_prefetch (and
+    the scripts in tests/): the checkout's root first on ``PYTHONPATH``."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path)
 
 
 def batch_ids(batches) -> list[list[int]]:
@@ -18,9 +27,12 @@ def batch_ids(batches) -> list[list[int]]:
     return [batch["id"].tolist() for batch in batches]
 
 
-def expected_rank_ids(loader: PrefetchLoader, rank: int | None = None) -> list[list[int]]:
-    """What ``rank`` must see this epoch, computed from the pure plan (id == row offset)."""
-    plan = loader.epoch_plan()
+def expected_rank_ids(
+    loader: PrefetchLoader, rank: int | None = None, *, epoch: int | None = None
+) -> list[list[int]]:
+    """What ``rank`` must see in ``epoch`` (default: the loader's current epoch), computed from the
+    pure plan (id == row offset)."""
+    plan = loader.epoch_plan(epoch)
     rank = loader.rank if rank is None else rank
     return [batch.indices.tolist() for batch in plan.rank_batches(rank)]
 
@@ -38,6 +50,16 @@ def collect(
         loader, batch_size=None, num_workers=num_workers, multiprocessing_context="spawn"
     )
     return batch_ids(data_loader)
+
+
+def record_process(batch: dict) -> dict:
+    """A transform (picklable into spawn workers) that adds to the batch the pid of the process
+    that read it and the idents of that process's live event-loop threads."""
+    batch["pid"] = torch.tensor([os.getpid()])
+    batch["loops"] = torch.tensor(
+        [t.ident for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
+    )
+    return batch
 
 
 def loop_threads() -> list[threading.Thread]:
