@@ -4,23 +4,36 @@ Each case runs a real script in a subprocess with a hard timeout, so a hang fail
 of the run. A thread left inside (or merely having run) a Lance ``take`` when the interpreter
 finalizes makes the process abort with "terminate called without an active exception" (exit code
 134); these tests repeat each case because that abort is timing-dependent.
+
+The cases with a take stuck in I/O (``stuck_take.py``) replace Lance's ``take`` with a fake, so no
+thread ever runs a Lance take there and one run each suffices; they measure how long each way of
+letting go of an iterator takes. A new iteration after ``break`` is checked in this process.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import batch_ids, checkout_env, expected_rank_ids, loop_threads
+
+from lance_prefetch import PrefetchLoader
+from lance_prefetch.scheduling import CLOSE_TIMEOUT_S
+
+HERE = Path(__file__).parent
 
 SCRIPT = textwrap.dedent(
     """
-    import sys, threading, time
+    import gc, sys, threading, time
     from lance_prefetch import PrefetchLoader
 
     loader = PrefetchLoader(sys.argv[1], 512, readahead=8, max_in_flight=4)
@@ -35,6 +48,17 @@ SCRIPT = textwrap.dedent(
         with loader:
             for batch in loader:
                 break
+    elif mode == "close+gc":
+        iterator = iter(loader)
+        next(iterator)
+        loader.close()
+        print("closed:", iterator.closed, flush=True)
+        iterator = iter(loader)
+        next(iterator)
+        cycle = [iterator]
+        cycle.append(cycle)  # only the cycle collector frees it
+        del iterator, cycle
+        gc.collect()
     elif mode == "sigint":
         for batch in loader:
             print("step", flush=True)
@@ -113,3 +137,192 @@ def test_ctrl_c_during_a_training_step_exits_promptly(tmp_path, wide_dataset):
     assert "KeyboardInterrupt" in stderr
     assert "terminate called" not in stderr and "Fatal Python error" not in stderr
     assert process.returncode in (-signal.SIGINT, 130, 1)
+
+
+@pytest.mark.slow
+def test_close_then_garbage_collection_exit_cleanly(tmp_path, wide_dataset):
+    """After one batch, ``loader.close()`` with the iterator still referenced, then a new iterator
+    freed by the cycle collector after one batch: three runs (at once), exit code 0, no abort, no
+    thread left."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    runs = [
+        subprocess.Popen(
+            [sys.executable, str(script), wide_dataset, "close+gc"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=checkout_env(),
+        )
+        for _ in range(3)
+    ]
+    try:
+        results = [run.communicate(timeout=90) for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+    for run, (stdout, stderr) in zip(runs, results, strict=True):
+        assert run.returncode == 0, stderr[-2000:]
+        assert "terminate called" not in stderr and "Fatal Python error" not in stderr
+        assert "closed: True" in stdout and "loop threads left: []" in stdout
+
+
+# -- a take stuck in I/O ---------------------------------------------------------------------------
+
+STUCK_WARNING = (
+    f"a fetch was still running {CLOSE_TIMEOUT_S:.1f} s after close(); it was abandoned and "
+    "finishes in the background"
+)
+
+# name: (stuck_take.py mode, SIGINTs sent, expected exit code). Python ends a process whose
+# KeyboardInterrupt went uncaught by killing itself with SIGINT, so its code is -SIGINT.
+STUCK_CASES = {
+    "break": ("break", 0, 0),
+    "close": ("close", 0, 0),
+    "with": ("with", 0, 0),
+    "gc": ("gc", 0, 0),
+    "raise": ("raise", 0, 1),
+    "sigint-step": ("sigint-step", 1, -signal.SIGINT),
+    "sigint-next": ("sigint-next", 1, -signal.SIGINT),
+    "sigint-next-twice": ("sigint-next", 2, -signal.SIGINT),
+}
+
+
+def read_line(process: subprocess.Popen, deadline: float) -> str:
+    """The next line of ``process``'s stdout, or ``""`` if none came before ``deadline``."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(max(deadline - time.monotonic(), 0.0))
+    return lines[0] if lines else ""
+
+
+def run_stuck_cases(uri: str, timeout: float) -> dict[str, dict]:
+    """Run every STUCK_CASES script at once (SIGINTs sent when the script says it is ready);
+    per case: the exit code, stderr, the script's RESULT and when the process ended (on the
+    system-wide monotonic clock). A process still running at ``timeout`` is killed and fails."""
+    deadline = time.monotonic() + timeout
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, str(HERE / "stuck_take.py"), uri, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=checkout_env(),
+        )
+        for name, (mode, _, _) in STUCK_CASES.items()
+    }
+    ended: dict[str, float] = {}
+    try:
+        for name, (mode, sigints, _) in STUCK_CASES.items():
+            if sigints:
+                ready = read_line(processes[name], deadline)
+                assert ready == ("step\n" if mode == "sigint-step" else "blocked\n"), name
+                time.sleep(0.2)  # into the training step, or into next()
+                processes[name].send_signal(signal.SIGINT)
+                for _ in range(sigints - 1):
+                    time.sleep(1.0)  # while the first one waits for the stuck take
+                    processes[name].send_signal(signal.SIGINT)
+        while len(ended) < len(processes) and time.monotonic() < deadline:
+            for name, process in processes.items():
+                if name not in ended and process.poll() is not None:
+                    ended[name] = time.monotonic()
+            time.sleep(0.01)
+        hung = sorted(set(processes) - set(ended))
+        assert not hung, f"still running after {timeout} s: {hung}"
+        out = {}
+        for name, process in processes.items():
+            stdout, stderr = process.communicate()
+            results = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+            out[name] = {
+                "code": process.returncode,
+                "stderr": stderr,
+                "result": json.loads(results[0][len("RESULT ") :]) if results else None,
+                "ended": ended[name],
+            }
+        return out
+    finally:
+        for process in processes.values():
+            process.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stuck_take_never_holds_up_shutdown(ids_1003):
+    """The take of batch 2 blocks for 60 s (a fake; no Lance take runs). Each way of letting go of
+    the iterator after batch 0 (or, for ``sigint-next``, while ``next()`` waits for batch 2) stops
+    the event-loop thread at once, waits CLOSE_TIMEOUT_S for the stuck take and logs a warning, and
+    the process exits with the script's own code, leaving only the stuck read's daemon thread.
+    A second Ctrl-C cuts the wait short."""
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    plan = expected_rank_ids(loader, epoch=0)
+    runs = run_stuck_cases(ids_1003, timeout=240)
+    measured = {}
+    for name, (mode, sigints, code) in STUCK_CASES.items():
+        run = runs[name]
+        stderr, result = run["stderr"], run["result"]
+        assert run["code"] == code, (name, stderr[-2000:])
+        assert "terminate called" not in stderr and "Fatal Python error" not in stderr, name
+        assert result is not None, (name, stderr[-2000:])
+        trigger = result["trigger"]
+        # what the user waits for: the statement that let go returns after CLOSE_TIMEOUT_S (an
+        # uncaught exception's traceback comes after it); the process ends soon after
+        stall = result.get("released", result["exit"]) - trigger
+        measured[name] = {
+            "loop_gone_s": round(result["loop_gone"] - trigger, 3),
+            "stall_s": round(stall, 3),
+            "trigger_to_process_end_s": round(run["ended"] - result["start"] - trigger, 3),
+            "process_s": round(run["ended"] - result["start"], 3),
+        }
+        assert result["delivered"] == plan[: 2 if mode == "sigint-next" else 1], name
+        assert 0 <= result["loop_gone"] - trigger < 2.0, (name, measured[name])
+        assert result["threads"] == [["MainThread", False], ["AnyIO worker thread", True]], name
+        assert result.get("closed", True), name
+        if sigints == 2:  # the second Ctrl-C interrupts close()'s wait: no warning, prompt exit
+            first, second = result["sigints"]
+            assert 0.8 < second - first < 3.0, name
+            assert result["exit"] - second < 2.0, (name, measured[name])
+            assert STUCK_WARNING not in stderr
+            assert "During handling of the above exception, another exception occurred" in stderr
+        else:
+            assert CLOSE_TIMEOUT_S - 0.05 < stall < CLOSE_TIMEOUT_S + 3.0, (name, measured[name])
+            assert stderr.count(STUCK_WARNING) == 1, (name, stderr[-2000:])
+        # well before the stuck take would return (60 s), however loaded the machine
+        assert measured[name]["trigger_to_process_end_s"] < 30.0, (name, measured[name])
+        ending = {"raise": "ValueError: the training step failed"}.get(mode, "KeyboardInterrupt")
+        if code != 0:
+            assert stderr.rstrip().endswith(ending), (name, stderr[-2000:])
+    sys.stdout.write(f"shutdown times (s): {json.dumps(measured)}\n")  # shown with -s
+
+
+# -- a new iteration after break -------------------------------------------------------------------
+
+
+def test_a_new_iteration_after_break_reads_a_whole_epoch_exactly(ids_1003):
+    """After ``break`` at batch k nothing is left over: the next iteration is exactly the next
+    epoch's plan, or after ``set_epoch(e)`` exactly epoch e's plan from its first batch (also the
+    epoch that was broken off), and a broken-off iterator still referenced keeps its own epoch."""
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], readahead=8, max_in_flight=4)
+
+    def broken_off(k: int) -> list[list[int]]:
+        batches = []
+        for batch in loader:
+            batches.append(batch["id"].tolist())
+            if len(batches) == k:
+                break
+        return batches
+
+    assert broken_off(3) == expected_rank_ids(loader, epoch=0)[:3]
+    assert batch_ids(loader) == expected_rank_ids(loader, epoch=1)
+    assert broken_off(1) == expected_rank_ids(loader, epoch=2)[:1]
+    loader.set_epoch(7)
+    assert batch_ids(loader) == expected_rank_ids(loader, epoch=7)
+    assert broken_off(50) == expected_rank_ids(loader, epoch=8)[:50]
+    loader.set_epoch(8)  # the epoch just broken off: again from its first batch
+    assert batch_ids(loader) == expected_rank_ids(loader, epoch=8)
+
+    live = iter(loader)  # epoch 9, broken off but still referenced
+    head = [next(live)["id"].tolist() for _ in range(4)]
+    assert batch_ids(loader) == expected_rank_ids(loader, epoch=10)
+    assert head + batch_ids(live) == expected_rank_ids(loader, epoch=9)
+    assert not loop_threads()
