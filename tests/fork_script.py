@@ -1,0 +1,120 @@
+"""Forking a process that uses a loader, for tests/test_lifecycle.py.
+
+Usage: ``python fork_script.py URI``. Reads a real Lance dataset (``id`` = offset) in this order,
+printing one line ``STEP {json}`` per step (times in seconds):
+
+1. ``live_fork_dataloader``: three batches of epoch 0 are read and the iterator stays live (its
+   event-loop thread runs, reads may be in flight); a DataLoader with two ``fork`` workers is
+   iterated: its error and how long it took.
+2. ``os_fork``: ``os.fork()`` with that iterator still live. The child calls ``next()`` on the
+   inherited iterator, then ``iter(loader)``, prints what each raised as a ``CHILD {json}`` line and
+   exits through normal interpreter shutdown (``sys.exit(0)``). The parent waits for it (killing it
+   after 60 s): its exit code and how long it took.
+3. ``parent_rest``: the parent reads the rest of epoch 0 from its iterator: the ids of the whole
+   epoch, and the plan's.
+4. ``dropped_fork_dataloader``: a ``for`` loop breaks after one batch of epoch 1 (the iterator is
+   dropped, its thread stops), then the same ``fork`` DataLoader as in step 1.
+5. ``after``: ``list(loader)`` in the parent: the epoch it read and whether it matches the plan.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+
+from torch.utils.data import DataLoader
+
+from lance_prefetch import PrefetchLoader
+from lance_prefetch.scheduling import THREAD_NAME
+
+
+def emit(prefix: str, record: dict) -> None:
+    os.write(1, (prefix + " " + json.dumps(record) + "\n").encode())
+
+
+def loop_threads() -> int:
+    return sum(t.name == THREAD_NAME and t.is_alive() for t in threading.enumerate())
+
+
+def plan_ids(loader: PrefetchLoader, epoch: int) -> list[list[int]]:
+    return [b.indices.tolist() for b in loader.epoch_plan(epoch).rank_batches(loader.rank)]
+
+
+def fork_dataloader(loader: PrefetchLoader) -> dict:
+    """Iterate a DataLoader with two fork workers: the error and the time it took; then collect
+    the failed DataLoader iterator (a reference cycle through the error's traceback keeps it, and
+    its workers, alive until then) and count the worker processes left."""
+    data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    start = time.monotonic()
+    try:
+        record = {"error": None, "batches": sum(1 for _ in data)}
+    except Exception as exc:  # the error the training loop sees
+        record = {"error": type(exc).__name__, "message": str(exc)}
+    record["s"] = time.monotonic() - start
+    gc.collect()
+    record["workers_left"] = len(multiprocessing.active_children())
+    return record
+
+
+def child(loader: PrefetchLoader, iterator) -> None:
+    record = {}
+    for name, call in (("next", lambda: next(iterator)), ("iter", lambda: iter(loader))):
+        start = time.monotonic()
+        try:
+            call()
+            record[name] = {"error": None}
+        except Exception as exc:
+            record[name] = {"error": type(exc).__name__, "message": str(exc)}
+        record[name]["s"] = time.monotonic() - start
+    record["loop_threads"] = loop_threads()
+    emit("CHILD", record)
+    sys.exit(0)  # normal interpreter shutdown, atexit hooks included
+
+
+def wait_child(pid: int, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+def main() -> None:
+    loader = PrefetchLoader(sys.argv[1], 10, columns=["id"], readahead=8, max_in_flight=4)
+    iterator = iter(loader)
+    seen = [next(iterator)["id"].tolist() for _ in range(3)]
+    emit("STEP", {"step": "live_fork_dataloader", "loop_threads": loop_threads()}
+         | fork_dataloader(loader))  # fmt: skip
+
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        child(loader, iterator)
+    code = wait_child(pid, timeout=60)
+    emit("STEP", {"step": "os_fork", "exit_code": code, "s": time.monotonic() - start})
+
+    seen += [batch["id"].tolist() for batch in iterator]
+    emit("STEP", {"step": "parent_rest", "ids": seen, "plan": plan_ids(loader, 0)})
+
+    for _ in loader:
+        break
+    emit("STEP", {"step": "dropped_fork_dataloader", "epoch": loader.epoch,
+                  "loop_threads": loop_threads()} | fork_dataloader(loader))  # fmt: skip
+
+    after = [batch["id"].tolist() for batch in loader]
+    emit("STEP", {"step": "after", "epoch": loader.epoch,
+                  "matches_plan": after == plan_ids(loader, loader.epoch)})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
