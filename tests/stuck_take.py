@@ -2,8 +2,10 @@
 
 Usage: ``python stuck_take.py URI MODE``. ``LanceSource.take`` is replaced by a fake that builds the
 ``id`` column from the offsets (``id`` = offset, as in the test datasets) without calling Lance, so
-no thread ever runs a Lance ``take`` here; the fake blocks for 60 s on the epoch's batch 2. MODE is
-how the training loop lets go of its iterator while that take is stuck:
+no thread ever runs a Lance ``take`` here. With ``readahead=8, max_in_flight=4``, the take of the
+epoch's batch 2 blocks for 60 s and those of batches 3, 4 and 5 for 3 s, so takes 6 and 7 are
+pending (waiting for an in-flight slot) when the loop lets go; closing must cancel them, so they
+never start, though slots free up while close() waits for the stuck take. MODE is how the training loop lets go of its iterator while the takes 2..5 run:
 
 - ``break``: ``break`` after batch 0 (the ``for`` loop drops the iterator);
 - ``raise``: the training step raises after batch 0 (uncaught: exit code 1);
@@ -11,15 +13,16 @@ how the training loop lets go of its iterator while that take is stuck:
 - ``with``: leaving ``with loader:`` after batch 0, the iterator still referenced;
 - ``gc``: the iterator, in a reference cycle, is dropped after batch 0 and ``gc.collect()`` runs;
 - ``sigint-step``: prints ``step`` and sleeps in the training step; the test sends SIGINT;
-- ``sigint-next``: prints ``blocked`` and calls ``next()`` for batch 2, which waits for the stuck
-  take; the test sends SIGINT.
+- ``sigint-next``: reads batch 1 too, prints ``blocked`` and calls ``next()`` for batch 2, which
+  waits for the stuck take; the test sends SIGINT (once, or twice).
 
 An ``atexit`` hook registered before lance_prefetch is imported (so it runs after lance_prefetch's
 own) prints one line ``RESULT {json}``: ``start``, the script's start on the system-wide
 ``time.monotonic()`` clock, and times in seconds from it: ``trigger`` (the loop lets go, or the
 first SIGINT arrives; ``sigints`` lists every SIGINT), ``loop_gone`` (the event-loop thread was
 first seen gone, polled every 2 ms), ``released`` (the statement that let go returned), ``exit``
-(the hook runs); the ids delivered, and the Python threads alive at exit (name, daemon).
+(the hook runs); the ids delivered, the positions whose take started (``takes``, in order) and
+the Python threads alive at exit (name, daemon).
 """
 
 from __future__ import annotations
@@ -84,13 +87,17 @@ def on_sigint(signum, frame):
 signal.signal(signal.SIGINT, on_sigint)
 
 loader = PrefetchLoader(sys.argv[1], 10, columns=["id"], readahead=8, max_in_flight=4)
-STUCK = loader.epoch_plan().batch(2).indices.tolist()
+PLAN = loader.epoch_plan()
+POSITION = {tuple(PLAN.batch(p).indices.tolist()): p for p in range(PLAN.batches_per_rank)}
+DELAYS = {2: 60.0, 3: 3.0, 4: 3.0, 5: 3.0}  # 2 is stuck; 3..5 are slow, then 6.. wait their turn
+started: list[int] = []
+RESULT["takes"] = started  # the batch positions whose take started, in order
 
 
 def fake_take(self, indices):
-    if indices.tolist() == STUCK:
-        RESULT["stuck_take_started"] = now()
-        time.sleep(60)  # a read stuck in I/O; nothing can interrupt it
+    position = POSITION[tuple(indices.tolist())]
+    started.append(position)
+    time.sleep(DELAYS.get(position, 0.0))  # 2: a read stuck in I/O; nothing can interrupt it
     return pa.table({"id": pa.array(indices, pa.int64())})
 
 
@@ -102,7 +109,8 @@ RESULT["delivered"] = delivered
 
 
 def wait_for_the_stuck_take() -> None:
-    while "stuck_take_started" not in RESULT:  # the stuck take runs before the loop lets go
+    """Until takes 2..5 run (every in-flight slot is taken; takes 6 and 7 wait for one)."""
+    while not set(DELAYS) <= set(started):
         time.sleep(0.002)
 
 

@@ -188,19 +188,25 @@ STUCK_CASES = {
 }
 
 
-def read_line(process: subprocess.Popen, deadline: float) -> str:
-    """The next line of ``process``'s stdout, or ``""`` if none came before ``deadline``."""
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
+def interrupt_when_ready(process: subprocess.Popen, ready: str, sigints: int, deadline: float):
+    """Send ``sigints`` SIGINTs (1 s apart) to ``process``, the first 0.2 s after it printed
+    ``ready``; kill it if it does not print that before ``deadline``."""
+    reader = threading.Thread(target=lambda: setattr(reader, "line", process.stdout.readline()))
     reader.start()
     reader.join(max(deadline - time.monotonic(), 0.0))
-    return lines[0] if lines else ""
+    if getattr(reader, "line", None) != ready:
+        process.kill()
+        return
+    for count in range(sigints):
+        time.sleep(0.2 if count == 0 else 1.0)
+        process.send_signal(signal.SIGINT)
 
 
 def run_stuck_cases(uri: str, timeout: float) -> dict[str, dict]:
-    """Run every STUCK_CASES script at once (SIGINTs sent when the script says it is ready);
-    per case: the exit code, stderr, the script's RESULT and when the process ended (on the
-    system-wide monotonic clock). A process still running at ``timeout`` is killed and fails."""
+    """Run every STUCK_CASES script at once (each case's SIGINTs sent by a thread of its own as
+    soon as its script is ready); per case: the exit code, stderr, the script's RESULT and when the
+    process ended (on the system-wide monotonic clock). A process still running at ``timeout`` is
+    killed and fails the test."""
     deadline = time.monotonic() + timeout
     processes = {
         name: subprocess.Popen(
@@ -212,17 +218,13 @@ def run_stuck_cases(uri: str, timeout: float) -> dict[str, dict]:
         )
         for name, (mode, _, _) in STUCK_CASES.items()
     }
-    ended: dict[str, float] = {}
     try:
         for name, (mode, sigints, _) in STUCK_CASES.items():
             if sigints:
-                ready = read_line(processes[name], deadline)
-                assert ready == ("step\n" if mode == "sigint-step" else "blocked\n"), name
-                time.sleep(0.2)  # into the training step, or into next()
-                processes[name].send_signal(signal.SIGINT)
-                for _ in range(sigints - 1):
-                    time.sleep(1.0)  # while the first one waits for the stuck take
-                    processes[name].send_signal(signal.SIGINT)
+                ready = "step\n" if mode == "sigint-step" else "blocked\n"
+                args = (processes[name], ready, sigints, deadline)
+                threading.Thread(target=interrupt_when_ready, args=args, daemon=True).start()
+        ended: dict[str, float] = {}
         while len(ended) < len(processes) and time.monotonic() < deadline:
             for name, process in processes.items():
                 if name not in ended and process.poll() is not None:
@@ -249,11 +251,12 @@ def run_stuck_cases(uri: str, timeout: float) -> dict[str, dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_stuck_take_never_holds_up_shutdown(ids_1003):
-    """The take of batch 2 blocks for 60 s (a fake; no Lance take runs). Each way of letting go of
-    the iterator after batch 0 (or, for ``sigint-next``, while ``next()`` waits for batch 2) stops
-    the event-loop thread at once, waits CLOSE_TIMEOUT_S for the stuck take and logs a warning, and
-    the process exits with the script's own code, leaving only the stuck read's daemon thread.
-    A second Ctrl-C cuts the wait short."""
+    """The take of batch 2 blocks for 60 s, those of 3..5 for 3 s (fakes; no Lance take runs).
+    Each way of letting go of the iterator after batch 0 (or, for ``sigint-next``, while ``next()``
+    waits for batch 2) stops the event-loop thread at once, cancels the pending takes 6 and 7,
+    waits CLOSE_TIMEOUT_S for the stuck take and logs a warning, and the process exits with the
+    script's own code, leaving only the stuck read's daemon thread. A second Ctrl-C cuts the wait
+    short."""
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     plan = expected_rank_ids(loader, epoch=0)
     runs = run_stuck_cases(ids_1003, timeout=240)
@@ -272,11 +275,15 @@ def test_a_stuck_take_never_holds_up_shutdown(ids_1003):
             "loop_gone_s": round(result["loop_gone"] - trigger, 3),
             "stall_s": round(stall, 3),
             "trigger_to_process_end_s": round(run["ended"] - result["start"] - trigger, 3),
+            "exit_hook_to_process_end_s": round(run["ended"] - result["start"] - result["exit"], 3),
             "process_s": round(run["ended"] - result["start"], 3),
         }
         assert result["delivered"] == plan[: 2 if mode == "sigint-next" else 1], name
+        assert sorted(result["takes"]) == [0, 1, 2, 3, 4, 5], name  # 6 and 7 were cancelled
         assert 0 <= result["loop_gone"] - trigger < 2.0, (name, measured[name])
-        assert result["threads"] == [["MainThread", False], ["AnyIO worker thread", True]], name
+        # left at exit: the stuck read's daemon thread; after a second Ctrl-C the slow ones too
+        readers = 4 if sigints == 2 else 1
+        assert result["threads"] == [["MainThread", False]] + [["AnyIO worker thread", True]] * readers, name  # fmt: skip
         assert result.get("closed", True), name
         if sigints == 2:  # the second Ctrl-C interrupts close()'s wait: no warning, prompt exit
             first, second = result["sigints"]
