@@ -1,11 +1,11 @@
-"""Forking a process that uses a loader, for tests/test_lifecycle.py.
+"""Forking a process that uses a loader, for tests/test_fork.py.
 
 Usage: ``python fork_script.py URI``. Reads a real Lance dataset (``id`` = offset) in this order,
 printing one line ``STEP {json}`` per step (times in seconds):
 
 1. ``live_fork_dataloader``: three batches of epoch 0 are read and the iterator stays live (its
-   event-loop thread runs, reads may be in flight); a DataLoader with two ``fork`` workers is
-   iterated: its error and how long it took.
+   event-loop thread runs, reads may be in flight); a DataLoader with a ``fork`` worker is
+   iterated: its error, how long it took, and how long the failed DataLoader took to stop.
 2. ``os_fork``: ``os.fork()`` with that iterator still live. The child calls ``next()`` on the
    inherited iterator, then ``iter(loader)``, prints what each raised as a ``CHILD {json}`` line and
    exits through normal interpreter shutdown (``sys.exit(0)``). The parent waits for it (killing it
@@ -47,10 +47,11 @@ def plan_ids(loader: PrefetchLoader, epoch: int) -> list[list[int]]:
 
 
 def fork_dataloader(loader: PrefetchLoader) -> dict:
-    """Iterate a DataLoader with two fork workers: the error and the time it took; then collect
-    the failed DataLoader iterator (a reference cycle through the error's traceback keeps it, and
-    its workers, alive until then) and count the worker processes left."""
-    data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    """Iterate a DataLoader with a fork worker: the error and the time it took; then collect the
+    failed DataLoader iterator (a reference cycle through the error's traceback keeps it, and its
+    worker, alive until then; torch then waits 5 s for a worker whose ``iter()`` failed, as with any
+    IterableDataset) and count the worker processes left."""
+    data = DataLoader(loader, batch_size=None, num_workers=1, multiprocessing_context="fork")
     start = time.monotonic()
     try:
         record = {"error": None, "batches": sum(1 for _ in data)}
@@ -59,6 +60,7 @@ def fork_dataloader(loader: PrefetchLoader) -> dict:
     record["s"] = time.monotonic() - start
     gc.collect()
     record["workers_left"] = len(multiprocessing.active_children())
+    record["shutdown_s"] = time.monotonic() - start - record["s"]
     return record
 
 

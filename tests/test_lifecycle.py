@@ -34,6 +34,7 @@ HERE = Path(__file__).parent
 SCRIPT = textwrap.dedent(
     """
     import gc, sys, threading, time
+    import numpy as np
     from lance_prefetch import PrefetchLoader
 
     loader = PrefetchLoader(sys.argv[1], 512, readahead=8, max_in_flight=4)
@@ -64,12 +65,13 @@ SCRIPT = textwrap.dedent(
 
         take = LanceSource.take
         slow = loader.epoch_plan().batch(2).indices.tolist()
+        every_row = np.arange(loader.num_rows)
 
         def busy_take(self, indices):  # a read that stays in Lance for 60 s, as a stalled one does
             if indices.tolist() == slow:
                 end = time.monotonic() + 60
                 while time.monotonic() < end:
-                    take(self, indices)
+                    take(self, every_row)  # long calls: the thread is nearly always in Lance
             return take(self, indices)
 
         LanceSource.take = busy_take
@@ -337,10 +339,10 @@ def test_a_stuck_take_never_holds_up_shutdown(ids_1003):
 def test_a_read_still_in_lance_after_close_does_not_abort_the_exit(tmp_path, wide_dataset):
     """``break`` while the take of batch 2 keeps Lance busy for 60 s (real takes, one after the
     other, as a read from a stalled store would): close() gives up on it after CLOSE_TIMEOUT_S and
-    the script ends. The process should exit with code 0, promptly. Three runs at once (the abort
+    the script ends. The process should exit with code 0, promptly. Two runs at once (the abort
     needs the abandoned thread to be inside Lance at exit: nearly always, not always)."""
-    codes = [run.returncode for run in run_at_once(tmp_path, wide_dataset, "stuck-in-lance")]
-    assert codes == [0, 0, 0], f"exit codes {codes}; -6 is SIGABRT"
+    codes = [run.returncode for run in run_at_once(tmp_path, wide_dataset, "stuck-in-lance", 2)]
+    assert codes == [0, 0], f"exit codes {codes}; -6 is SIGABRT"
 
 
 # -- a new iteration after break -------------------------------------------------------------------
