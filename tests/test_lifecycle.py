@@ -341,8 +341,14 @@ def test_a_read_still_in_lance_after_close_does_not_abort_the_exit(tmp_path, wid
     other, as a read from a stalled store would): close() gives up on it after CLOSE_TIMEOUT_S and
     the script ends. The process should exit with code 0, promptly. Two runs at once (the abort
     needs the abandoned thread to be inside Lance at exit: nearly always, not always)."""
-    codes = [run.returncode for run in run_at_once(tmp_path, wide_dataset, "stuck-in-lance", 2)]
+    started = time.monotonic()
+    runs = run_at_once(tmp_path, wide_dataset, "stuck-in-lance", 2)
+    elapsed = time.monotonic() - started
+    for run in runs:
+        assert STUCK_WARNING in run.err and "loop threads left: []" in run.out
+    codes = [run.returncode for run in runs]
     assert codes == [0, 0], f"exit codes {codes}; -6 is SIGABRT"
+    assert elapsed < 45, "the exit waited for the read"
 
 
 # -- a new iteration after break -------------------------------------------------------------------
