@@ -59,8 +59,8 @@ def test_a_loader_used_before_fork_refuses_in_the_child_and_the_parent_carries_o
     assert "Fatal Python error" not in result.stderr
     steps = {record.pop("step"): record for record in records(result.stdout, "STEP")}
     assert list(steps) == [
-        "live_fork_dataloader",
         "os_fork",
+        "live_fork_dataloader",
         "parent_rest",
         "dropped_fork_dataloader",
         "after",
@@ -74,7 +74,6 @@ def test_a_loader_used_before_fork_refuses_in_the_child_and_the_parent_carries_o
         assert "forked from it; Lance is not fork-safe" in step["message"]
         assert SPAWN_MESSAGE in step["message"]
         assert step["s"] < 10, step  # at once: no read was attempted in the workers
-        assert step["workers_left"] == 0
 
     (child,) = records(result.stdout, "CHILD")
     assert child["next"]["error"] == "RuntimeError"
