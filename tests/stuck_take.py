@@ -5,7 +5,8 @@ Usage: ``python stuck_take.py URI MODE``. ``LanceSource.take`` is replaced by a 
 no thread ever runs a Lance ``take`` here. With ``readahead=8, max_in_flight=4``, the take of the
 epoch's batch 2 blocks for 60 s and those of batches 3, 4 and 5 for 3 s, so takes 6 and 7 are
 pending (waiting for an in-flight slot) when the loop lets go; closing must cancel them, so they
-never start, though slots free up while close() waits for the stuck take. MODE is how the training loop lets go of its iterator while the takes 2..5 run:
+never start, though slots free up while close() waits for the stuck take. MODE is how the
+training loop lets go of its iterator while the takes 2..5 run:
 
 - ``break``: ``break`` after batch 0 (the ``for`` loop drops the iterator);
 - ``raise``: the training step raises after batch 0 (uncaught: exit code 1);
