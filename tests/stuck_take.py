@@ -18,12 +18,13 @@ training loop lets go of its iterator while the takes 2..5 run:
   waits for the stuck take; the test sends SIGINT (once, or twice).
 
 An ``atexit`` hook registered before lance_prefetch is imported (so it runs after lance_prefetch's
-own) prints one line ``RESULT {json}``: ``start``, the script's start on the system-wide
-``time.monotonic()`` clock, and times in seconds from it: ``trigger`` (the loop lets go, or the
-first SIGINT arrives; ``sigints`` lists every SIGINT), ``loop_gone`` (the event-loop thread was
-first seen gone, polled every 2 ms), ``released`` (the statement that let go returned), ``exit``
-(the hook runs); the ids delivered, the positions whose take started (``takes``, in order) and
-the Python threads alive at exit (name, daemon).
+own, which waits for reads still running) prints one line ``RESULT {json}``: ``start``, the
+script's start on the system-wide ``time.monotonic()`` clock, and times in seconds from it:
+``trigger`` (the loop lets go, or the first SIGINT arrives; ``sigints`` lists every SIGINT),
+``loop_gone`` (the event-loop thread was first seen gone, polled every 2 ms), ``released`` (the
+statement that let go returned, or the uncaught error's traceback is printed), ``exit`` (the hook
+runs); the ids delivered, the positions whose take started (``takes``, in order) and the Python
+threads alive at exit (name, daemon).
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def watch_loop_thread() -> None:
     while loop_alive():
         time.sleep(0.002)
     RESULT["loop_gone"] = now()
+
+
+def on_uncaught(kind, value, traceback):
+    RESULT["released"] = now()  # the error reaches the user: its traceback is printed
+    sys.__excepthook__(kind, value, traceback)
+
+
+sys.excepthook = on_uncaught
 
 
 def on_sigint(signum, frame):
