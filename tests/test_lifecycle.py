@@ -60,24 +60,33 @@ SCRIPT = textwrap.dedent(
         cycle.append(cycle)  # only the cycle collector frees it
         del iterator, cycle
         gc.collect()
-    elif mode == "stuck-in-lance":
+    elif mode in ("stuck-in-lance", "timeout-in-lance"):
+        from lance_prefetch import RetryPolicy
         from lance_prefetch.source import LanceSource
 
+        if mode == "timeout-in-lance":  # a take running past 1 s is abandoned and tried again
+            retry = RetryPolicy(attempts=3, timeout=1.0)
+            loader = PrefetchLoader(sys.argv[1], 512, readahead=8, max_in_flight=4, retry=retry)
         take = LanceSource.take
         slow = loader.epoch_plan().batch(2).indices.tolist()
         every_row = np.arange(loader.num_rows)
+        attempts = []
 
-        def busy_take(self, indices):  # a read that stays in Lance for 60 s, as a stalled one does
-            if indices.tolist() == slow:
+        def busy_take(self, indices):  # a first attempt that stays in Lance for 60 s, as a read
+            if indices.tolist() == slow and not attempts:  # from a stalled store does
+                attempts.append(1)
                 end = time.monotonic() + 60
                 while time.monotonic() < end:
                     take(self, every_row)  # long calls: the thread is nearly always in Lance
             return take(self, indices)
 
         LanceSource.take = busy_take
-        for batch in loader:
-            time.sleep(0.3)  # the take of batch 2 runs
-            break
+        if mode == "stuck-in-lance":
+            for batch in loader:
+                time.sleep(0.3)  # the take of batch 2 runs
+                break
+        else:
+            print("batches:", sum(1 for _ in loader), flush=True)  # the whole epoch
     elif mode == "sigint":
         for batch in loader:
             print("step", flush=True)
@@ -158,9 +167,9 @@ def test_ctrl_c_during_a_training_step_exits_promptly(tmp_path, wide_dataset):
     assert process.returncode in (-signal.SIGINT, 130, 1)
 
 
-def run_at_once(tmp_path, uri: str, mode: str, runs: int = 3) -> list[subprocess.Popen]:
-    """Run SCRIPT ``runs`` times at once (a hard timeout of 90 s each); the finished processes,
-    with ``.out`` and ``.err`` set to their stdout and stderr."""
+def run_at_once(tmp_path, uri: str, modes: list[str]) -> list[subprocess.Popen]:
+    """Run SCRIPT once per mode, all at once (a hard timeout of 90 s each); the finished
+    processes, with ``.out`` and ``.err`` set to their stdout and stderr."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     processes = [
@@ -171,7 +180,7 @@ def run_at_once(tmp_path, uri: str, mode: str, runs: int = 3) -> list[subprocess
             text=True,
             env=checkout_env(),
         )
-        for _ in range(runs)
+        for mode in modes
     ]
     try:
         for process in processes:
@@ -187,7 +196,7 @@ def test_close_then_garbage_collection_exit_cleanly(tmp_path, wide_dataset):
     """After one batch, ``loader.close()`` with the iterator still referenced, then a new iterator
     freed by the cycle collector after one batch: three runs (at once), exit code 0, no abort, no
     thread left."""
-    for run in run_at_once(tmp_path, wide_dataset, "close+gc"):
+    for run in run_at_once(tmp_path, wide_dataset, ["close+gc"] * 3):
         assert run.returncode == 0, run.err[-2000:]
         assert "terminate called" not in run.err and "Fatal Python error" not in run.err
         assert "closed: True" in run.out and "loop threads left: []" in run.out
@@ -367,16 +376,20 @@ def stuck_times(run: dict) -> dict[str, float | int] | None:
     "thread with pthread_exit, whose forced unwinding through Lance's Rust frames aborts the "
     "process (SIGABRT)",
 )
-def test_a_read_still_in_lance_after_close_does_not_abort_the_exit(tmp_path, wide_dataset):
-    """``break`` while the take of batch 2 keeps Lance busy for 60 s (real takes, one after the
-    other, as a read from a stalled store would): the exit waits CLOSE_TIMEOUT_S for it, then
-    gives up. The process should exit with code 0, promptly. Two runs at once (the abort
-    needs the abandoned thread to be inside Lance at exit: nearly always, not always)."""
+def test_a_read_still_in_lance_at_exit_does_not_abort_it(tmp_path, wide_dataset):
+    """The first attempt at batch 2's take keeps Lance busy for 60 s (real takes, one after the
+    other, as a read from a stalled store would). ``stuck-in-lance``: ``break`` while it runs;
+    ``timeout-in-lance``: ``RetryPolicy(timeout=1.0)`` abandons it and the retry delivers, so the
+    epoch ends normally. Either way the exit waits CLOSE_TIMEOUT_S for the read, then gives up; the
+    process should still exit with code 0, promptly."""
     started = time.monotonic()
-    runs = run_at_once(tmp_path, wide_dataset, "stuck-in-lance", 2)
+    runs = run_at_once(tmp_path, wide_dataset, ["stuck-in-lance", "timeout-in-lance"])
     elapsed = time.monotonic() - started
+    stuck, timed_out = runs
+    assert "loop threads left: []" in stuck.out
+    assert "batches: 11" in timed_out.out and "loop threads left: []" in timed_out.out
     for run in runs:
-        assert EXIT_WARNING in run.err and "loop threads left: []" in run.out
+        assert EXIT_WARNING in run.err
     codes = [run.returncode for run in runs]
     assert codes == [0, 0], f"exit codes {codes}; -6 is SIGABRT"
     assert elapsed < 45, "the exit waited for the read"
