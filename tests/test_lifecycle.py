@@ -7,7 +7,9 @@ finalizes makes the process abort with "terminate called without an active excep
 
 The cases with a take stuck in I/O (``stuck_take.py``) replace Lance's ``take`` with a fake, so no
 thread ever runs a Lance take there and one run each suffices; they measure how long each way of
-letting go of an iterator takes. A new iteration after ``break`` is checked in this process.
+letting go of an iterator takes. The ``in-lance-*`` cases keep a real read inside Lance through the
+exit instead (the exit guard ends the process rather than let finalization abort it). A new
+iteration after ``break`` is checked in this process.
 """
 
 from __future__ import annotations
@@ -60,11 +62,12 @@ SCRIPT = textwrap.dedent(
         cycle.append(cycle)  # only the cycle collector frees it
         del iterator, cycle
         gc.collect()
-    elif mode in ("stuck-in-lance", "timeout-in-lance"):
+    elif mode.startswith("in-lance-"):  # then break, raise, sigint or timeout
         from lance_prefetch import RetryPolicy
         from lance_prefetch.source import LanceSource
 
-        if mode == "timeout-in-lance":  # a take running past 1 s is abandoned and tried again
+        how = mode[len("in-lance-"):]
+        if how == "timeout":  # a take running past 1 s is abandoned and tried again
             retry = RetryPolicy(attempts=3, timeout=1.0)
             loader = PrefetchLoader(sys.argv[1], 512, readahead=8, max_in_flight=4, retry=retry)
         take = LanceSource.take
@@ -81,12 +84,16 @@ SCRIPT = textwrap.dedent(
             return take(self, indices)
 
         LanceSource.take = busy_take
-        if mode == "stuck-in-lance":
-            for batch in loader:
-                time.sleep(0.3)  # the take of batch 2 runs
-                break
-        else:
+        if how == "timeout":
             print("batches:", sum(1 for _ in loader), flush=True)  # the whole epoch
+        for batch in loader if how != "timeout" else ():
+            time.sleep(0.3)  # the take of batch 2 runs
+            if how == "raise":
+                raise ValueError("the training step failed")
+            if how == "sigint":
+                print("step", flush=True)
+                time.sleep(30)  # a long training step, interrupted by Ctrl-C
+            break
     elif mode == "sigint":
         for batch in loader:
             print("step", flush=True)
@@ -167,9 +174,12 @@ def test_ctrl_c_during_a_training_step_exits_promptly(tmp_path, wide_dataset):
     assert process.returncode in (-signal.SIGINT, 130, 1)
 
 
-def run_at_once(tmp_path, uri: str, modes: list[str]) -> list[subprocess.Popen]:
-    """Run SCRIPT once per mode, all at once (a hard timeout of 90 s each); the finished
-    processes, with ``.out`` and ``.err`` set to their stdout and stderr."""
+def run_at_once(
+    tmp_path, uri: str, modes: list[str], sigints: dict[int, int] | None = None
+) -> list[subprocess.Popen]:
+    """Run SCRIPT once per mode, all at once (a hard timeout of 90 s each); ``sigints``: for the
+    run at that index, how many SIGINTs to send (1 s apart) once it printed ``step``. Returns the
+    finished processes, with ``.out`` and ``.err`` set to their stdout and stderr."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     processes = [
@@ -182,9 +192,22 @@ def run_at_once(tmp_path, uri: str, modes: list[str]) -> list[subprocess.Popen]:
         )
         for mode in modes
     ]
+    deadline = time.monotonic() + 90
     try:
+        drivers = [
+            threading.Thread(
+                target=interrupt_when_ready, args=(processes[index], "step\n", count, deadline)
+            )
+            for index, count in (sigints or {}).items()
+        ]
+        for driver in drivers:
+            driver.start()
+        for driver in drivers:  # each has read its line before communicate() reads the rest
+            driver.join()
         for process in processes:
-            process.out, process.err = process.communicate(timeout=90)
+            process.out, process.err = process.communicate(
+                timeout=max(deadline - time.monotonic(), 0.1)
+            )
     finally:
         for process in processes:
             process.kill()
@@ -229,7 +252,9 @@ STUCK_CASES = {
 def interrupt_when_ready(process: subprocess.Popen, ready: str, sigints: int, deadline: float):
     """Send ``sigints`` SIGINTs (1 s apart) to ``process``, the first 0.2 s after it printed
     ``ready``; kill it if it does not print that before ``deadline``."""
-    reader = threading.Thread(target=lambda: setattr(reader, "line", process.stdout.readline()))
+    reader = threading.Thread(
+        target=lambda: setattr(reader, "line", process.stdout.readline()), daemon=True
+    )
     reader.start()
     reader.join(max(deadline - time.monotonic(), 0.0))
     if getattr(reader, "line", None) != ready:
@@ -367,32 +392,58 @@ def stuck_times(run: dict) -> dict[str, float | int] | None:
     }
 
 
+GUARD_WARNING = (
+    f"1 read(s) still running {CLOSE_TIMEOUT_S:.1f} s after exit began; ending the process now "
+    "rather than finalizing the interpreter under them (which would abort it)"
+)
+# A thread ended by finalization inside Lance's frames aborts: SIGABRT, with one of these or nothing.
+ABORT_SIGNS = ("terminate called", "Fatal Python error", "FATAL: exception not rethrown")
+
+
+@pytest.mark.slow
+def test_a_read_still_in_lance_at_exit_does_not_abort_it(tmp_path, wide_dataset):
+    """The first attempt at batch 2's take keeps Lance busy for 60 s (real takes, one after the
+    other, as a read from a stalled store would). ``break``, an error or Ctrl-C while it runs, or
+    ``RetryPolicy(timeout=1.0)`` abandoning it (the retry delivers, the epoch ends normally): the
+    exit waits CLOSE_TIMEOUT_S for it, then ends the process (it would abort if the interpreter
+    finalized under it) with the script's own exit code."""
+    cases = {
+        "in-lance-break": 0,
+        "in-lance-raise": 1,
+        "in-lance-timeout": 0,
+        "in-lance-sigint": -signal.SIGINT,
+    }
+    started = time.monotonic()
+    runs = run_at_once(tmp_path, wide_dataset, list(cases), sigints={3: 1})
+    elapsed = time.monotonic() - started
+    for run, (mode, code) in zip(runs, cases.items(), strict=True):
+        assert run.returncode == code, (mode, run.returncode, run.err[-2000:])
+        assert run.err.count(GUARD_WARNING) == 1, (mode, run.err[-2000:])
+        assert not any(sign in run.err for sign in ABORT_SIGNS), (mode, run.err[-2000:])
+    assert "loop threads left: []" in runs[0].out
+    assert "batches: 11" in runs[2].out and "loop threads left: []" in runs[2].out
+    assert runs[1].err.count("ValueError: the training step failed") == 1
+    assert "KeyboardInterrupt" in runs[3].err
+    assert elapsed < 45, "the exit waited for the read"
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="a read still running in Lance CLOSE_TIMEOUT_S after exit began is abandoned in a "
-    "daemon thread; when Lance returns during interpreter finalization, Python 3.11 ends that "
-    "thread with pthread_exit, whose forced unwinding through Lance's Rust frames aborts the "
-    "process (SIGABRT)",
+    reason="a second Ctrl-C during the exit's wait for a read still in Lance interrupts "
+    "lance_prefetch's atexit hook before exit_if_stuck() runs, so the interpreter finalizes under "
+    "the read and the process aborts (SIGABRT) instead of ending by SIGINT",
 )
-def test_a_read_still_in_lance_at_exit_does_not_abort_it(tmp_path, wide_dataset):
-    """The first attempt at batch 2's take keeps Lance busy for 60 s (real takes, one after the
-    other, as a read from a stalled store would). ``stuck-in-lance``: ``break`` while it runs;
-    ``timeout-in-lance``: ``RetryPolicy(timeout=1.0)`` abandons it and the retry delivers, so the
-    epoch ends normally. Either way the exit waits CLOSE_TIMEOUT_S for the read, then gives up; the
-    process should still exit with code 0, promptly."""
-    started = time.monotonic()
-    runs = run_at_once(tmp_path, wide_dataset, ["stuck-in-lance", "timeout-in-lance"])
-    elapsed = time.monotonic() - started
-    stuck, timed_out = runs
-    assert "loop threads left: []" in stuck.out
-    assert "batches: 11" in timed_out.out and "loop threads left: []" in timed_out.out
+def test_a_second_ctrl_c_during_the_exit_wait_ends_the_process_by_sigint(tmp_path, wide_dataset):
+    """As above, Ctrl-C in the training step while a read is in Lance, then Ctrl-C again during
+    the exit's wait for it: the process should end at once, by SIGINT, not abort. Two runs at once
+    (the abort needs the read's thread inside Lance at that moment: nearly always, not always)."""
+    runs = run_at_once(tmp_path, wide_dataset, ["in-lance-sigint"] * 2, sigints={0: 2, 1: 2})
     for run in runs:
-        assert EXIT_WARNING in run.err
+        assert "Exception ignored in atexit callback" in run.err
     codes = [run.returncode for run in runs]
-    assert codes == [0, 0], f"exit codes {codes}; -6 is SIGABRT"
-    assert elapsed < 45, "the exit waited for the read"
+    assert codes == [-signal.SIGINT] * 2, f"exit codes {codes}; -6 is SIGABRT"
 
 
 # -- a new iteration after break -------------------------------------------------------------------
