@@ -38,7 +38,7 @@ def native_call() -> Iterator[None]:
             _inside.discard(thread)
 
 
-def exit_if_stuck(waited_s: float) -> None:
+def exit_if_stuck() -> None:
     """If a thread is still inside a :func:`native_call`, end the process now, before finalizing.
 
     The exit status is kept where it can be known: 1 after an unhandled exception, SIGINT after an
@@ -48,15 +48,16 @@ def exit_if_stuck(waited_s: float) -> None:
     multiprocessing's exit work is done (shared semaphores unlinked, daemonic children stopped).
     """
     with _lock:
-        stuck = [thread for thread in _inside if thread.is_alive()]
+        # Membership alone: a thread leaves the set when its call returns. (Not is_alive(): a
+        # join() cut short by Ctrl-C marks a running thread stopped in Python 3.11.)
+        stuck = list(_inside)
     if not stuck:
         return
     error = getattr(sys, "last_value", None)  # set when an unhandled exception was printed
     _logger.warning(
-        "%d read(s) still running %.1f s after exit began; ending the process now rather than "
+        "%d read(s) still running inside Lance at exit; ending the process now rather than "
         "finalizing the interpreter under them (which would abort it)",
         len(stuck),
-        waited_s,
     )
     logging.shutdown()
     with contextlib.suppress(Exception):

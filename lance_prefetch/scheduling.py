@@ -537,10 +537,10 @@ class BlockingPrefetcher(Iterator[R]):
             if thread is not threading.current_thread() and thread.is_alive()
         ]
         if not wait:
-            _finishing.update(others)
+            _abandon(others, time.monotonic() + self._close_timeout_s)
             return
         if not _join(others, self._close_timeout_s):
-            _finishing.update(others)
+            _abandon(others, time.monotonic())  # waited for already: not again at exit
             _logger.warning(
                 "a fetch was still running %.1f s after close(); it was abandoned and finishes "
                 "in the background",
@@ -574,20 +574,34 @@ _live: weakref.WeakSet[BlockingPrefetcher[Any]] = weakref.WeakSet()
 _forked_leftovers: list[contextlib.ExitStack] = []
 # Worker threads still running a fetch when their iterator closed without waiting (weak: a
 # finished thread drops out). Joined at exit.
-_finishing: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_finishing: weakref.WeakKeyDictionary[threading.Thread, float] = weakref.WeakKeyDictionary()
+
+
+def _abandon(threads: Iterable[threading.Thread], deadline: float) -> None:
+    """Leave ``threads`` to finish in the background; at exit, wait for them until ``deadline``
+    (a ``time.monotonic()`` time; the earliest one given for a thread counts)."""
+    for thread in threads:
+        _finishing[thread] = min(deadline, _finishing.get(thread, deadline))
 
 
 @atexit.register
 def _close_live_prefetchers() -> None:
-    """At exit, close every live iterator and wait (at most :data:`CLOSE_TIMEOUT_S` in all) for
-    fetches still running, while their threads can still end normally. If one is still inside a
-    native call (a Lance ``take``) after that, the process ends at once
-    (:func:`~lance_prefetch._exit_guard.exit_if_stuck`): finalizing under it would abort."""
+    """At exit, close every live iterator and wait for the fetches still running, while their
+    threads can still end normally: each until :data:`CLOSE_TIMEOUT_S` after it was left running
+    (not again for one that ``close()`` already waited for). If one is still inside a native call
+    (a Lance ``take``) after that, or a second ``Ctrl-C`` cuts the wait short, the process ends at
+    once (:func:`~lance_prefetch._exit_guard.exit_if_stuck`): finalizing under it would abort."""
     for prefetcher in list(_live):
         prefetcher.close(wait=False)
-    if _join(_finishing, CLOSE_TIMEOUT_S):
-        return
-    exit_if_stuck(CLOSE_TIMEOUT_S)
-    _logger.warning(
-        "a fetch was still running %.1f s after exit began; it was abandoned", CLOSE_TIMEOUT_S
-    )
+    try:
+        for thread, deadline in list(_finishing.items()):
+            thread.join(max(deadline - time.monotonic(), 0.0))
+    except KeyboardInterrupt:
+        exit_if_stuck()
+        raise
+    if any(thread.is_alive() for thread in list(_finishing.keys())):
+        exit_if_stuck()
+        _logger.warning(
+            "a fetch was still running %.1f s after it was left to finish; it was abandoned",
+            CLOSE_TIMEOUT_S,
+        )

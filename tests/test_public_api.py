@@ -9,7 +9,8 @@ import pytest
 import lance_prefetch
 
 MODULES = [
-    "sampling", "epochs", "state", "scheduling", "source", "convert", "dataset", "mapstyle",
+    "sampling", "epochs", "state", "scheduling", "retry", "source", "convert", "dataset", "mapstyle",
+    "_exit_guard",
     "demo", "cli", "bench", "bench.run", "bench.contenders", "bench.report", "bench.local_s3",
     "bench.latency_proxy", "bench.data",
 ]  # fmt: skip
@@ -20,6 +21,7 @@ def test_top_level_exports():
         "BatchLoadError",
         "LanceMapDataset",
         "PrefetchLoader",
+        "RetryPolicy",
         "__version__",
         "collate",
         "state_from_dataloader",
