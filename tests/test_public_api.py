@@ -9,7 +9,7 @@ import pytest
 import lance_prefetch
 
 MODULES = [
-    "sampling", "epochs", "state", "scheduling", "source", "convert", "dataset", "mapstyle",
+    "sampling", "permutation", "epochs", "state", "scheduling", "source", "convert", "dataset", "mapstyle",
     "demo", "cli", "bench", "bench.run", "bench.contenders", "bench.report", "bench.local_s3",
     "bench.latency_proxy", "bench.data",
 ]  # fmt: skip
