@@ -56,6 +56,7 @@ CHUNK_ROWS = 16384
 
 _ROUNDS = 8
 _SMALL_DOMAIN_BITS, _SMALL_DOMAIN_ROUNDS = 7, 24
+_TABLE_BITS = 14  # domains up to 2**14 values are computed whole, once: at most 32 KiB kept
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _S1, _S2, _S3 = np.uint64(30), np.uint64(27), np.uint64(31)
@@ -212,7 +213,8 @@ class LazyPermutation(Permutation):
     """The constant-memory kind: a keyed Feistel bijection with cycle walking (module docstring).
 
     It holds a few integers and its round keys; each result is computed from the positions asked
-    for, in passes of at most :data:`CHUNK_ROWS` values.
+    for, in passes of at most :data:`CHUNK_ROWS` values. (Up to 16,384 rows, the whole order is
+    computed on first use and kept, at most 32 KiB: the same values, faster.)
     """
 
     kind = "lazy"
@@ -221,6 +223,7 @@ class LazyPermutation(Permutation):
         super().__init__(num_rows, seed, epoch)
         bits = max((num_rows - 1).bit_length(), 1)
         rounds = _SMALL_DOMAIN_ROUNDS if bits <= _SMALL_DOMAIN_BITS else _ROUNDS
+        self._bits = bits
         self._high, self._low = bits // 2, bits - bits // 2  # widths of A and B; even rounds
         self._keys = np.random.SeedSequence([seed, epoch]).generate_state(rounds, np.uint64)
 
@@ -240,8 +243,21 @@ class LazyPermutation(Permutation):
             out[first : first + CHUNK_ROWS] = self._pass(flat[first : first + CHUNK_ROWS])
         return out.reshape(positions.shape)
 
+    @functools.cached_property
+    def _table(self) -> np.ndarray:
+        """A small domain's whole order: the domain encrypted once, cycle walking by lookups."""
+        step = self._encrypt(np.arange(1 << self._bits, dtype=np.uint64))
+        values = step[: self.num_rows].copy()
+        walking = np.flatnonzero(values >= self.num_rows)
+        while walking.size:
+            values[walking] = step[values[walking]]
+            walking = walking[values[walking] >= self.num_rows]
+        return values.astype(self.dtype)
+
     def _pass(self, positions: np.ndarray) -> np.ndarray:
         """The offsets at ``positions`` (1-D), in one vectorised pass."""
+        if self._bits <= _TABLE_BITS:
+            return self._table[positions]
         values = self._encrypt(positions.astype(np.uint64))
         walking = np.flatnonzero(values >= self.num_rows)
         while walking.size:  # cycle walking: the orbit of a position in [0, N) returns to it
