@@ -207,7 +207,7 @@ class EpochPlan:
     @functools.cached_property
     def order(self) -> Permutation:
         """This epoch's permutation, of kind :attr:`permutation_kind`; batches are read from it by
-        position (a lazy one never holds more than a few batches' worth)."""
+        position (a lazy one holds only its round keys; batches are computed a few at a time)."""
         return make_permutation(self.permutation_kind, self.num_rows, self.seed, self.epoch)
 
     @property
