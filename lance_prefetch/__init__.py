@@ -3,7 +3,8 @@
 The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``),
 :class:`BatchLoadError`, :class:`RetryPolicy` and :func:`state_from_dataloader`, and for PyTorch's own samplers the
 map-style :class:`LanceMapDataset` with its :func:`collate`. The modules underneath each do one job:
-:mod:`~lance_prefetch.sampling` (which rows in which batch), :mod:`~lance_prefetch.epochs` (which
+:mod:`~lance_prefetch.sampling` (which rows in which batch), :mod:`~lance_prefetch.permutation`
+(each epoch's order, materialised or computed lazily), :mod:`~lance_prefetch.epochs` (which
 epoch each iteration reads, across processes), :mod:`~lance_prefetch.state` (checkpoint state),
 :mod:`~lance_prefetch.scheduling` (concurrent fetches, bounded readahead),
 :mod:`~lance_prefetch.retry` (which read errors are retried, and how),

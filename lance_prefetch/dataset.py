@@ -23,6 +23,7 @@ from ._storage import redact_uri
 from ._validate import check_bool, check_int
 from .convert import check_schema, to_tensors
 from .epochs import MAX_EPOCH, Decision, EpochControl, Progress, iteration_ident
+from .permutation import resolve_kind
 from .retry import RetryPolicy
 from .sampling import EpochPlan, PlannedBatch
 from .scheduling import BlockingPrefetcher, FetchError, check_depths
@@ -90,6 +91,12 @@ class PrefetchLoader(IterableDataset):
             timeout (see :class:`~lance_prefetch.RetryPolicy`). Only the read is retried, never
             conversion or ``transform``. ``None``: no retry, no timeout. Default:
             ``RetryPolicy()``, 3 attempts, waits of at most 0.1 s then 0.2 s, no timeout.
+        permutation (str, optional): how each epoch's permutation is held: ``"array"``, numpy's
+            shuffle, materialised in every process (4 bytes a row below 2**32 rows); ``"lazy"``, a
+            keyed bijection computed batch by batch in constant memory (another order, the same
+            guarantees); ``"auto"``, ``"lazy"`` above 2**27 rows (512 MiB as an array), else
+            ``"array"`` (see :mod:`lance_prefetch.permutation`). The resolved kind is
+            :attr:`permutation` and part of the checkpoint state. Default: ``"auto"``.
 
     Batches:
         ``dict[str, torch.Tensor]``: a tensor of shape ``(rows, ...)`` per numeric column (the
@@ -138,6 +145,7 @@ class PrefetchLoader(IterableDataset):
         version: int | str | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         retry: RetryPolicy | None = RetryPolicy(),  # noqa: B008  (frozen, shared safely)
+        permutation: str = "auto",
     ) -> None:
         super().__init__()
         # Everything that needs no I/O is checked first.
@@ -154,6 +162,7 @@ class PrefetchLoader(IterableDataset):
                 f"retry should be a lance_prefetch.RetryPolicy or None, but got retry={retry!r}"
             )
         self.retry = retry
+        resolve_kind(permutation, 1)  # checked before any I/O; resolved once num_rows is known
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._iterations = 0  # iterations started by this copy (identifies a worker's iteration)
         self._spawned = 0  # times this loader was pickled for a new process (see epochs.py)
@@ -170,6 +179,8 @@ class PrefetchLoader(IterableDataset):
                 f"source: the dataset {self._source.uri!r} has no rows at version "
                 f"{self._source.version}; write data first or pick another version"
             )
+        #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.
+        self.permutation = resolve_kind(permutation, self._source.num_rows)
         self.epoch_plan()  # raises for drop_last=True with too few rows
 
     # -- the dataset ---------------------------------------------------------------------------
@@ -229,6 +240,7 @@ class PrefetchLoader(IterableDataset):
             world_size=self.world_size,
             drop_last=self.drop_last,
             start=start,
+            permutation_kind=self.permutation,
         )
 
     def __len__(self) -> int:
@@ -291,6 +303,7 @@ class PrefetchLoader(IterableDataset):
             epoch=epoch,
             position=position,
             worker=worker,
+            permutation=self.permutation,
         )
 
     def load_state_dict(
@@ -337,6 +350,7 @@ class PrefetchLoader(IterableDataset):
             "seed": self.seed,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
+            "permutation": self.permutation,
         }
         state = check_state(state, expected, allow_version_change=allow_version_change)
         epoch, position = state["epoch"], state["position"]

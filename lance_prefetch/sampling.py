@@ -6,10 +6,14 @@ Pure code: no Lance, no torch, no global random state. Everything is derived fro
 
 The rules
 ---------
-1. **Permutation.** Epoch ``e`` shuffles the row offsets ``0 .. num_rows-1`` with a numpy
-   ``Generator`` seeded from ``SeedSequence([seed, e])``: uniform, without replacement, and different
-   for every epoch. It is held as a numpy array of the smallest unsigned dtype that fits
-   (``uint8``/``uint16``/``uint32``/``uint64``), never a Python list.
+1. **Permutation.** Epoch ``e`` orders the row offsets ``0 .. num_rows-1`` uniformly at random,
+   without replacement, determined by ``(seed, e)`` and different for every epoch, in one of two
+   kinds (:mod:`lance_prefetch.permutation`): ``"array"``, a numpy ``Generator`` seeded from
+   ``SeedSequence([seed, e])`` shuffling an array of the smallest unsigned dtype that fits
+   (``uint8``/``uint16``/``uint32``/``uint64``), or ``"lazy"``, a keyed Feistel bijection computed
+   per batch in constant memory. ``"auto"`` (the default) is ``"lazy"`` above
+   :data:`~lance_prefetch.permutation.LAZY_THRESHOLD` (2**27) rows. Rules 2-4 and resuming are the
+   same for both; only the order differs.
 2. **Global batches.** The permutation is cut into consecutive *global batches*. Global batch ``g``
    goes to rank ``g % world_size``; so rank ``r`` sees global batches ``r, r + W, r + 2W, ...``.
    Every rank yields ``batches_per_rank`` batches, the same number on every rank.
@@ -59,40 +63,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validate import check_bool, check_int
+from .permutation import (
+    CHUNK_ROWS,
+    ArrayPermutation,
+    Permutation,
+    epoch_permutation,
+    index_dtype,
+    make_permutation,
+    resolve_kind,
+)
 
 __all__ = ["EpochPlan", "PlannedBatch", "epoch_permutation", "first_local", "index_dtype"]
-
-
-def index_dtype(num_rows: int) -> np.dtype:
-    """The smallest unsigned integer dtype that holds every offset ``0 .. num_rows-1``.
-
-    ``uint8`` up to 256 rows, ``uint16`` up to 65,536, ``uint32`` up to 2**32, else ``uint64``.
-    """
-    return np.min_scalar_type(max(num_rows - 1, 0))
-
-
-def epoch_permutation(num_rows: int, seed: int, epoch: int) -> np.ndarray:
-    """A uniform random permutation of ``0 .. num_rows-1``, determined by ``(seed, epoch)`` only.
-
-    Args:
-        num_rows (int): number of rows to permute, ``>= 0``.
-        seed (int): base seed, ``>= 0``; identical across all ranks and processes of a job.
-        epoch (int): epoch number, ``>= 0``.
-
-    Returns:
-        numpy.ndarray: shape ``(num_rows,)``, dtype :func:`index_dtype` ``(num_rows)``, each offset
-        exactly once. Costs ``num_rows * itemsize`` bytes (4 bytes a row below 2**32 rows).
-
-    Raises:
-        TypeError, ValueError: an argument is not a non-negative integer.
-    """
-    num_rows = check_int("num_rows", num_rows, minimum=0)
-    seed = check_int("seed", seed, minimum=0)
-    epoch = check_int("epoch", epoch, minimum=0)
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch])))
-    permutation = np.arange(num_rows, dtype=index_dtype(num_rows))
-    rng.shuffle(permutation)
-    return permutation
 
 
 def first_local(worker_id: int, num_workers: int, skip: int = 0) -> int:
@@ -109,8 +90,8 @@ class PlannedBatch:
         position (int): the global batch number within the epoch (``0 .. num_batches-1``); rank
             ``position % world_size`` yields it, as its ``position // world_size``-th batch.
         indices (numpy.ndarray): shape ``(rows,)``, unsigned integer dtype; offsets among the live
-            rows of the dataset version, in permutation order. Often a read-only view of the epoch's
-            permutation.
+            rows of the dataset version, in permutation order. Often a view of the epoch's
+            permutation (``"array"``) or of a few batches computed together (``"lazy"``).
     """
 
     position: int
@@ -131,6 +112,9 @@ class EpochPlan:
             pad by wrapping around so every row is delivered (``False``). Default: ``True``.
         start (int, optional): global batches of this epoch already consumed, ``>= 0``; the plan
             covers the rest (see "Resuming mid-epoch" above). Default: ``0``, the whole epoch.
+        permutation_kind (str, optional): how the epoch's permutation is held (rule 1):
+            ``"array"``, ``"lazy"`` or ``"auto"`` (``"lazy"`` above 2**27 rows); resolved to
+            ``"array"`` or ``"lazy"`` on construction. Default: ``"auto"``.
 
     Raises:
         TypeError: an argument has the wrong type (bools are not integers here).
@@ -145,6 +129,7 @@ class EpochPlan:
     world_size: int = 1
     drop_last: bool = True
     start: int = 0
+    permutation_kind: str = "auto"
 
     def __post_init__(self) -> None:
         check_int("num_rows", self.num_rows, minimum=1)
@@ -154,6 +139,8 @@ class EpochPlan:
         check_int("world_size", self.world_size, minimum=1)
         check_bool("drop_last", self.drop_last)
         check_int("start", self.start, minimum=0)
+        kind = resolve_kind(self.permutation_kind, self.num_rows)
+        object.__setattr__(self, "permutation_kind", kind)  # frozen: set once, resolved
         if self.drop_last and self.start == 0 and self.num_rows < self.rows_per_round:
             raise ValueError(
                 f"drop_last=True needs at least batch_size * world_size = "
@@ -218,9 +205,18 @@ class EpochPlan:
         return max(self.num_delivered - self.num_remaining, 0)
 
     @functools.cached_property
+    def order(self) -> Permutation:
+        """This epoch's permutation, of kind :attr:`permutation_kind`; batches are read from it by
+        position (a lazy one holds only its round keys; batches are computed a few at a time)."""
+        return make_permutation(self.permutation_kind, self.num_rows, self.seed, self.epoch)
+
+    @property
     def permutation(self) -> np.ndarray:
-        """This epoch's permutation: :func:`epoch_permutation` ``(num_rows, seed, epoch)``."""
-        return epoch_permutation(self.num_rows, self.seed, self.epoch)
+        """This epoch's whole permutation as an array. ``"array"``: :func:`epoch_permutation`
+        ``(num_rows, seed, epoch)``, kept. ``"lazy"``: computed anew at each access,
+        ``num_rows * itemsize`` bytes; the plan's own batches never need it (use :attr:`order`)."""
+        order = self.order
+        return order.array if isinstance(order, ArrayPermutation) else np.asarray(order)
 
     def batch(self, position: int) -> PlannedBatch:
         """Global batch ``position`` (``start .. end-1``).
@@ -234,19 +230,37 @@ class EpochPlan:
                 f"position={position} is outside the plan's global batches "
                 f"[{self.start}, {self.end})"
             )
+        start, stop = self._span(position)
+        if stop <= self.num_rows:
+            indices = self.order.slice(start, stop)
+        else:  # drop_last=False padding: wrap around to the start of the permutation
+            indices = self.order.take(np.arange(start, stop) % self.num_rows)
+        return PlannedBatch(position, indices)
+
+    def _span(self, position: int) -> tuple[int, int]:
+        """Permutation positions ``[start, stop)`` of global batch ``position`` (``stop`` may pass
+        ``num_rows``: those wrap around)."""
         last_round_start = self.start + (self.batches_per_rank - 1) * self.world_size
         if position < last_round_start:
             start, size = position * self.batch_size, self.batch_size
         else:
             size = self.last_batch_size
             start = last_round_start * self.batch_size + (position - last_round_start) * size
-        stop = start + size
-        permutation = self.permutation
-        if stop <= self.num_rows:
-            indices = permutation[start:stop]
-        else:  # drop_last=False padding: wrap around to the start of the permutation
-            indices = permutation[np.arange(start, stop) % self.num_rows]
-        return PlannedBatch(position, indices)
+        return start, start + size
+
+    def _batches(self, positions: list[int]) -> list[PlannedBatch]:
+        """Global batches ``positions``, computed with one :meth:`Permutation.take`."""
+        spans = np.array([self._span(position) for position in positions], dtype=np.int64)
+        sizes = spans[:, 1] - spans[:, 0]
+        ends = np.cumsum(sizes)
+        rows = np.arange(ends[-1], dtype=np.int64)
+        rows += np.repeat(spans[:, 0] - (ends - sizes), sizes)  # each batch's own positions
+        if spans[:, 1].max() > self.num_rows:  # drop_last=False padding wraps around
+            rows %= self.num_rows
+        values = self.order.take(rows)
+        return [
+            PlannedBatch(p, v) for p, v in zip(positions, np.split(values, ends[:-1]), strict=True)
+        ]
 
     def rank_batches(
         self, rank: int, *, worker_id: int = 0, num_workers: int = 1, skip: int = 0
@@ -278,5 +292,14 @@ class EpochPlan:
                 f"Invalid worker_id {worker_id}, it should be in the interval [0, {num_workers - 1}]"
             )
         first = first_local(worker_id, num_workers, skip)
-        for local in range(first, self.batches_per_rank, num_workers):
-            yield self.batch(self.start + local * self.world_size + rank)
+        locals_ = range(first, self.batches_per_rank, num_workers)
+        group = CHUNK_ROWS // self.batch_size  # lazy: several batches per vectorised pass
+        if self.permutation_kind == "array" or group <= 1:  # array: views of the permutation
+            for local in locals_:
+                yield self.batch(self.start + local * self.world_size + rank)
+            return
+        for i in range(0, len(locals_), group):
+            positions = [
+                self.start + local * self.world_size + rank for local in locals_[i : i + group]
+            ]
+            yield from self._batches(positions)

@@ -9,6 +9,11 @@ Pure code: no Lance, no I/O. A state is JSON-serializable and a few hundred byte
 before the next one; see :mod:`lance_prefetch.sampling` for how a plan resumes from it, also with
 another ``world_size``.
 
+A loader whose permutation is ``"lazy"`` (:mod:`lance_prefetch.permutation`) saves format 2: the
+same fields and ``"permutation": "lazy"``, so that versions before the lazy kind refuse the state
+rather than resume it in another order. An ``"array"`` loader still saves format 1, as before (the
+kind is then ``"array"``, the only one format 1 knew); both formats load.
+
 A state saved inside a DataLoader worker process (torchdata's ``StatefulDataLoader`` asks each
 worker for its dataset's state) also has ``"worker": {"id": w, "num_workers": K, "start": S}``: it
 describes that worker's share only (its ``position`` is after the last batch *it* delivered, of an
@@ -31,8 +36,9 @@ __all__ = [
     "state_from_dataloader",
 ]
 
-#: The state layout's version, stored as ``"format_version"``.
-FORMAT_VERSION = 1
+#: The newest state layout, stored as ``"format_version"``: 2 adds ``"permutation"`` (see above).
+FORMAT_VERSION = 2
+_FORMATS = (1, 2)
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "format_version": int,
@@ -47,7 +53,8 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "position": int,
 }
 #: Fields that must equal the loader's own for a state to load (``version`` can be allowed to differ).
-MATCHED = ("uri", "version", "num_rows", "seed", "batch_size", "drop_last")
+MATCHED = ("uri", "version", "num_rows", "seed", "batch_size", "drop_last", "permutation")
+_PERMUTATIONS = ("array", "lazy")
 
 
 def make_state(
@@ -62,10 +69,12 @@ def make_state(
     epoch: int,
     position: int,
     worker: Mapping[str, int] | None = None,
+    permutation: str = "array",
 ) -> dict[str, Any]:
-    """A state dict in the layout above (``worker`` only for a DataLoader worker's share)."""
+    """A state dict in the layout above (``worker`` only for a DataLoader worker's share; format 2
+    with ``"permutation"`` only for a ``"lazy"`` one)."""
     state: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
+        "format_version": 1 if permutation == "array" else FORMAT_VERSION,
         "uri": uri,
         "version": version,
         "num_rows": num_rows,
@@ -76,6 +85,8 @@ def make_state(
         "epoch": epoch,
         "position": position,
     }
+    if permutation != "array":
+        state["permutation"] = permutation
     if worker is not None:
         state["worker"] = dict(worker)
     return state
@@ -97,8 +108,8 @@ def check_state(
     Raises:
         TypeError: ``state`` is not a mapping, or a field has the wrong type.
         ValueError: a field is missing or out of range, the layout version is unknown, or the state
-            belongs to another dataset, version, seed, batch size or ``drop_last`` (the message
-            names each mismatch with both values).
+            belongs to another dataset, version, seed, batch size, ``drop_last`` or permutation
+            kind (the message names each mismatch with both values).
     """
     if not isinstance(state, Mapping):
         raise TypeError(
@@ -116,25 +127,35 @@ def check_state(
         value = state[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TypeError(f"state[{key!r}] should be {kind.__name__}, but got {value!r}")
-    if state["format_version"] != FORMAT_VERSION:
+    if state["format_version"] not in _FORMATS:
         raise ValueError(
             f"state['format_version'] is {state['format_version']}, but this version of "
-            f"lance-prefetch reads format {FORMAT_VERSION}"
+            f"lance-prefetch reads formats {', '.join(map(str, _FORMATS))}"
+        )
+    if state["format_version"] == 2 and "permutation" not in state:
+        raise ValueError("state['format_version'] is 2, but state['permutation'] is missing")
+    saved = {"permutation": "array", **state}  # format 1 knew only "array"
+    if saved["permutation"] not in _PERMUTATIONS:
+        raise ValueError(
+            f"state['permutation'] should be one of {', '.join(map(repr, _PERMUTATIONS))}, but "
+            f"got {saved['permutation']!r}"
         )
     matched = [k for k in MATCHED if not (k == "version" and allow_version_change)]
     mismatches = [
         k
         for k in matched
-        if (_same_uri(state[k], expected[k]) if k == "uri" else state[k] == expected[k]) is False
+        if (_same_uri(saved[k], expected[k]) if k == "uri" else saved[k] == expected[k]) is False
     ]
     if mismatches:
         details = "; ".join(
-            f"{k} is {state[k]!r} in the state but {expected[k]!r} in this loader"
+            f"{k} is {saved[k]!r} in the state but {expected[k]!r} in this loader"
             for k in mismatches
         )
         hint = (
             " (or pass allow_version_change=True to continue on another version)"
             if mismatches == ["version"]
+            else f" (PrefetchLoader(..., permutation={saved['permutation']!r}))"
+            if mismatches == ["permutation"]
             else ""
         )
         raise ValueError(

@@ -103,3 +103,17 @@ def fresh_s3_ids(s3, request):
         )
 
     return make
+
+
+@pytest.fixture(params=["array", "lazy"])
+def permutation_kind(request, monkeypatch):
+    """Run a test with each permutation kind. ``"lazy"`` is made the ``"auto"`` choice for any
+    size (``LAZY_THRESHOLD = 0``), in passes of 32 rows and groups of 50 rows of batches, so that
+    batches are computed a few at a time and some are split across passes."""
+    if request.param == "lazy":
+        from lance_prefetch import permutation, sampling
+
+        monkeypatch.setattr(permutation, "LAZY_THRESHOLD", 0)
+        monkeypatch.setattr(permutation, "CHUNK_ROWS", 32)
+        monkeypatch.setattr(sampling, "CHUNK_ROWS", 50)
+    return request.param

@@ -9,8 +9,8 @@ import pytest
 import lance_prefetch
 
 MODULES = [
-    "sampling", "epochs", "state", "scheduling", "retry", "source", "convert", "dataset", "mapstyle",
-    "_exit_guard",
+    "sampling", "permutation", "epochs", "state", "scheduling", "retry", "source", "convert",
+    "dataset", "mapstyle", "_exit_guard",
     "demo", "cli", "bench", "bench.run", "bench.contenders", "bench.report", "bench.local_s3",
     "bench.latency_proxy", "bench.data",
 ]  # fmt: skip

@@ -63,7 +63,7 @@ def test_state_is_a_small_plain_dict(ids_1003):
     iterator.close()
 
 
-def test_position_counts_batches_delivered_not_read_ahead(ids_1003):
+def test_position_counts_batches_delivered_not_read_ahead(ids_1003, permutation_kind):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], readahead=8, max_in_flight=4)
     iterator = iter(loader)
     take(iterator, 5)
@@ -109,7 +109,9 @@ def test_two_ranks_stop_mid_epoch_and_resume_in_a_new_process(ids_1003):
         assert resumed[rank] == [epoch_1[17:], epoch_2]
 
 
-def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(ids_1003):
+def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(
+    ids_1003, permutation_kind
+):
     """Acceptance 4: save after batch 0 and after the epoch's last batch; resume 3 times in one
     epoch (at 30, 40 and 70 batches): the joined output equals the uninterrupted run."""
     expected = uninterrupted(ids_1003, 0) + uninterrupted(ids_1003, 1)
@@ -123,6 +125,7 @@ def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(i
         state = loader.state_dict()
         iterator.close()
     assert state["epoch"] == 0 and state["position"] == 100  # saved after the last batch
+    assert state.get("permutation", "array") == loader.permutation == permutation_kind
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     loader.load_state_dict(state)
     assert collect(loader) == []  # the rest of epoch 0: nothing
@@ -303,7 +306,7 @@ def test_a_worker_share_is_refused_outside_its_worker(ids_1003):
         state_from_dataloader({"_snapshot": {"_worker_snapshots": {}}})
 
 
-def test_load_state_dict_while_an_iterator_is_live_raises(ids_1003):
+def test_load_state_dict_while_an_iterator_is_live_raises(ids_1003, permutation_kind):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     iterator = iter(loader)
     head = take(iterator, 3)
@@ -339,7 +342,7 @@ def test_rank_is_resolved_once_and_carried_into_workers(ids_1003, monkeypatch):
     )
 
 
-def test_stateful_dataloader_without_workers(ids_1003):
+def test_stateful_dataloader_without_workers(ids_1003, permutation_kind):
     """num_workers=0: StatefulDataLoader saves the loader's own state and restores it in place."""
     expected = uninterrupted(ids_1003, 0, seed=2)
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=2)
@@ -406,7 +409,7 @@ def test_stateful_dataloader_restores_an_epochs_end(ids_1003, after_stop):
     assert reads == ([] if after_stop else [[]]) + [uninterrupted(ids_1003, e) for e in (1, 2)]
 
 
-def test_an_elastic_epochs_end_with_padding_loads(ids_1003):
+def test_an_elastic_epochs_end_with_padding_loads(ids_1003, permutation_kind):
     """drop_last=False, 2 ranks stop at 34, 3 ranks finish the epoch (at 34 + 23 * 3 = 103, past
     the 101 batches the rows fill): it is saved as the end (101), which loads on any number of
     ranks, leaves nothing of the epoch, and the next one follows."""
@@ -423,6 +426,7 @@ def test_an_elastic_epochs_end_with_padding_loads(ids_1003):
         assert len(collect(loader)) == 23
     end = loader.state_dict()
     assert end["position"] == 101 and end["world_size"] == 3
+    assert loader.epoch_plan().permutation_kind == permutation_kind
     loader.load_state_dict(end)
     assert collect(loader) == []
     assert collect(loader) == uninterrupted(ids_1003, 1, rank=2, world_size=3, drop_last=False)

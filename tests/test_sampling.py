@@ -48,8 +48,9 @@ def test_permutation_is_uniform_over_positions():
     assert chi2 < 27.9  # p = 0.001 for 9 degrees of freedom
 
 
-def test_worked_example_from_the_module_docstring():
+def test_worked_example_from_the_module_docstring(permutation_kind):
     plan = EpochPlan(num_rows=11, batch_size=2, world_size=2, drop_last=False, seed=5)
+    assert plan.permutation_kind == permutation_kind
     p = plan.permutation.tolist()
     assert plan.batches_per_rank == 3 and plan.last_batch_size == 2 and plan.num_padded == 1
     assert rank_rows(plan, 0) == [[p[0], p[1]], [p[4], p[5]], [p[8], p[9]]]
@@ -65,7 +66,7 @@ def test_worked_example_from_the_module_docstring():
     assert rank_rows(plan, 1) == [[p[2], p[3]], [p[6], p[7]]]
 
 
-def test_drop_last_counts_1003_rows_batch_10():
+def test_drop_last_counts_1003_rows_batch_10(permutation_kind):
     plan = EpochPlan(num_rows=1003, batch_size=10)
     batches = rank_rows(plan, 0)
     assert len(batches) == 100 and all(len(b) == 10 for b in batches)
@@ -83,7 +84,7 @@ def test_drop_last_counts_1003_rows_batch_10():
     "num_rows,batch_size,world_size",
     list(itertools.product([5, 145, 1003], [2, 10, 16], [2, 3, 7])),
 )
-def test_rank_rules(num_rows, batch_size, world_size):
+def test_rank_rules(num_rows, batch_size, world_size, permutation_kind):
     """Equal batch counts on every rank, no empty batch, coverage rules for both drop_last."""
     for drop_last in (True, False):
         if drop_last and num_rows < batch_size * world_size:
@@ -93,8 +94,12 @@ def test_rank_rules(num_rows, batch_size, world_size):
         plan = EpochPlan(
             num_rows=num_rows, batch_size=batch_size, world_size=world_size, drop_last=drop_last
         )
+        assert plan.permutation_kind == permutation_kind
         per_rank = [rank_rows(plan, r) for r in range(world_size)]
         assert [len(batches) for batches in per_rank] == [plan.batches_per_rank] * world_size
+        for rank in range(world_size):  # a rank's stream (a few batches at a time when lazy)
+            for batch in plan.rank_batches(rank):  # equals the batches one by one
+                assert np.array_equal(batch.indices, plan.batch(batch.position).indices)
         sizes = [len(b) for batches in per_rank for b in batches]
         assert min(sizes) >= 1
         for batches in per_rank:  # only the last batch of a rank may be short, same on all ranks
@@ -132,7 +137,7 @@ def test_counts_match_distributed_sampler_and_batch_sampler():
 
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3, 7])
-def test_workers_split_a_rank_round_robin(num_workers):
+def test_workers_split_a_rank_round_robin(num_workers, permutation_kind):
     """Interleaving the workers' streams round-robin gives back the rank's order exactly."""
     plan = EpochPlan(num_rows=1003, batch_size=10, world_size=2, drop_last=False)
     streams = [
@@ -144,14 +149,14 @@ def test_workers_split_a_rank_round_robin(num_workers):
     assert interleaved == list(range(1, 2 * 51, 2))
 
 
-def test_more_workers_than_batches():
+def test_more_workers_than_batches(permutation_kind):
     plan = EpochPlan(num_rows=25, batch_size=10, drop_last=False)
     assert [len(list(plan.rank_batches(0, worker_id=w, num_workers=7))) for w in range(7)] == [
         1, 1, 1, 0, 0, 0, 0,
     ]  # fmt: skip
 
 
-def test_single_row_many_ranks_pads_by_wrapping():
+def test_single_row_many_ranks_pads_by_wrapping(permutation_kind):
     plan = EpochPlan(num_rows=1, batch_size=4, world_size=7, drop_last=False)
     assert [rank_rows(plan, r) for r in range(7)] == [[[0]]] * 7
 
@@ -193,7 +198,9 @@ def test_bad_rank_and_position():
 
 @pytest.mark.parametrize("drop_last", [True, False])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_resume_with_the_same_world_size_continues_the_epoch(world_size, drop_last):
+def test_resume_with_the_same_world_size_continues_the_epoch(
+    world_size, drop_last, permutation_kind
+):
     """A plan started at any round boundary yields exactly the uninterrupted epoch's later batches."""
     full = EpochPlan(
         num_rows=1003, batch_size=10, seed=4, epoch=2, world_size=world_size, drop_last=drop_last
@@ -211,7 +218,7 @@ def test_resume_with_the_same_world_size_continues_the_epoch(world_size, drop_la
 
 
 @pytest.mark.parametrize("drop_last", [True, False])
-def test_elastic_resume_delivers_every_row_once(drop_last):
+def test_elastic_resume_delivers_every_row_once(drop_last, permutation_kind):
     """2 ranks consume 34 global batches, then 3 ranks take the rest: no row twice, none lost
     but the documented tail."""
     before = EpochPlan(num_rows=1003, batch_size=10, seed=1, world_size=2, drop_last=drop_last)
@@ -236,7 +243,7 @@ def test_elastic_resume_delivers_every_row_once(drop_last):
         assert after.num_padded == 0 and sorted(delivered) == list(range(1003))
 
 
-def test_a_plan_started_at_or_past_its_end_is_empty():
+def test_a_plan_started_at_or_past_its_end_is_empty(permutation_kind):
     plan = EpochPlan(num_rows=11, batch_size=2, world_size=2, drop_last=False, start=6)
     assert plan.num_remaining == 0 and plan.batches_per_rank == 0 and plan.end == 6
     assert rank_rows(plan, 0) == [] and plan.num_delivered == 0 and plan.last_batch_size == 0
@@ -245,7 +252,7 @@ def test_a_plan_started_at_or_past_its_end_is_empty():
 
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
-def test_skip_resumes_each_worker_at_its_own_next_batch(num_workers):
+def test_skip_resumes_each_worker_at_its_own_next_batch(num_workers, permutation_kind):
     """Worker w of K resuming after the rank delivered ``skip`` batches takes the batches
     j >= skip with j = w (mod K): together, in round-robin order, the rest of the rank's batches."""
     plan = EpochPlan(num_rows=1003, batch_size=10, world_size=2)
