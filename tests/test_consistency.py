@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
-from lance_prefetch.source import LanceSource
+from lance_prefetch.source import LanceSource, ShortReadError
 
 WRITERS = Path(__file__).with_name("writers.py")
 #: every ``take`` held by HeldTakes gives up after this long (a test never hangs on a gate)
@@ -346,7 +346,10 @@ def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_
     with pytest.raises(BatchLoadError) as info:
         next(iterator)
     assert (info.value.epoch, info.value.position, info.value.num_rows) == (0, 1, 10)
-    assert "version 1 failed: OSError" in str(info.value) and "Not found" in str(info.value)
+    assert "version 1 failed after 1 attempt (not retried: OSError is not transient)" in str(
+        info.value
+    )
+    assert "Not found" in str(info.value) and info.value.attempts == 1
     assert isinstance(info.value.__cause__, OSError)
     assert iterator.closed
 
@@ -430,9 +433,10 @@ def test_a_short_result_from_lance_is_an_error_naming_the_counts(fresh_ids, monk
         next(iterator)
     assert (info.value.position, info.value.num_rows) == (2, 10)
     assert str(info.value).endswith(
-        f"failed: OSError: Lance returned 9 rows for 10 offsets from {uri!r} version 1"
+        "failed after 1 attempt (not retried: ShortReadError is not transient): ShortReadError: "
+        f"Lance returned 9 rows for 10 offsets from {uri!r} version 1"
     )
-    assert isinstance(info.value.__cause__, OSError)
+    assert isinstance(info.value.__cause__, ShortReadError)  # an OSError, never retried
     assert iterator.closed
 
 
