@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 import time
 
+from helpers import child_exit_code  # this script's folder, tests/, is on sys.path
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
@@ -73,18 +73,6 @@ def child(loader: PrefetchLoader, iterator) -> None:
     sys.exit(0)  # normal interpreter shutdown, atexit hooks included
 
 
-def wait_child(pid: int, timeout: float) -> int | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return None
-
-
 def main() -> None:
     loader = PrefetchLoader(sys.argv[1], 10, columns=["id"], readahead=8, max_in_flight=4)
     iterator = iter(loader)
@@ -94,7 +82,7 @@ def main() -> None:
     pid = os.fork()
     if pid == 0:
         child(loader, iterator)
-    code = wait_child(pid, timeout=60)
+    code = child_exit_code(pid, timeout=60)
     emit("STEP", {"step": "os_fork", "exit_code": code, "s": time.monotonic() - start})
 
     emit("STEP", {"step": "live_fork_dataloader", "loop_threads": loop_threads()}
