@@ -48,6 +48,12 @@ def _deny_anonymous(app):
     return wsgi
 
 
+_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
 class Faults:
     """Faults the server injects into GETs of data files (``.../data/*.lance``), switchable while
     it runs. Reset with :meth:`clear` (which also lets every held request go on).
@@ -55,6 +61,9 @@ class Faults:
     Attributes:
         hang (int): the next ``hang`` data GETs are held until :meth:`clear` (a hung request).
         held (int): data GETs held so far.
+        slow_down (int): the next ``slow_down`` data GETs are answered ``503 Slow Down``, as S3
+            answers a client over its request rate.
+        slowed (int): data GETs answered 503 so far.
     """
 
     def __init__(self) -> None:
@@ -62,10 +71,12 @@ class Faults:
         self._released = threading.Event()
         self.hang = 0
         self.held = 0
+        self.slow_down = 0
+        self.slowed = 0
 
     def clear(self) -> None:
         with self._lock:
-            self.hang = 0
+            self.hang = self.slow_down = 0
             self._released.set()
             self._released = threading.Event()
 
@@ -73,6 +84,14 @@ class Faults:
         def wsgi(environ, start_response):
             path = environ.get("PATH_INFO", "")
             if environ["REQUEST_METHOD"] == "GET" and "/data/" in path:
+                with self._lock:
+                    slow_down = self.slow_down > 0
+                    if slow_down:
+                        self.slow_down -= 1
+                        self.slowed += 1
+                if slow_down:
+                    start_response("503 Slow Down", [("Content-Type", "application/xml")])
+                    return [_SLOW_DOWN]
                 with self._lock:
                     released = self._released if self.hang > 0 else None
                     if released is not None:

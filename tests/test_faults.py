@@ -194,6 +194,33 @@ def test_an_s3_endpoint_stopped_mid_epoch_fails_within_the_retry_budget():
 
 
 @pytest.mark.slow
+def test_s3_answering_503_slow_down_for_a_while_loses_nothing(s3, s3_ids_503, faults):
+    """The store answers every data read "503 Slow Down" for 5 s. Lance retries each read itself
+    (~3 s here even with client_max_retries=0), gives up with the 503 in its error, and the
+    loader's attempts carry the batch over the outage: every id of the epoch exactly once."""
+    loader = PrefetchLoader(
+        s3_ids_503,
+        50,
+        seed=6,
+        readahead=4,
+        max_in_flight=2,
+        storage_options=s3.storage_options(client_max_retries="0"),
+        retry=RetryPolicy(attempts=8, backoff=0.5, max_backoff=1.0),
+    )
+    faults.slow_down = 1_000_000
+    timer = threading.Timer(5.0, faults.clear)
+    timer.start()
+    try:
+        iterator = iter(loader)
+        ids = batch_ids(iterator)
+    finally:
+        timer.cancel()
+    assert ids == expected_rank_ids(loader)
+    assert faults.slowed > 0
+    assert iterator.statistics().retries >= 1
+
+
+@pytest.mark.slow
 def test_a_hung_s3_request_times_out_and_the_retry_delivers(s3, s3_ids_503, faults):
     loader = PrefetchLoader(
         s3_ids_503,
