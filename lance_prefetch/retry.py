@@ -15,6 +15,7 @@ answering 503 "slow down" for a while, a connection that drops, a request that h
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,8 +34,6 @@ _PERMANENT_MARKERS = (
     "not found",
     "notfound",
     "no such file",
-    "404",
-    "403",
     "forbidden",
     "accessdenied",
     "access denied",
@@ -42,6 +41,10 @@ _PERMANENT_MARKERS = (
     "invalidaccesskeyid",
     "permission denied",
 )
+
+
+# HTTP 403 and 404 as whole numbers: object names (hex) often hold the digits.
+_PERMANENT_STATUS = re.compile(r"\b40[34]\b")
 
 
 def is_transient(error: BaseException) -> bool:
@@ -68,6 +71,8 @@ def is_transient(error: BaseException) -> bool:
     ):
         return False
     text = str(error).lower()
+    if _PERMANENT_STATUS.search(text):
+        return False
     return not any(marker in text for marker in _PERMANENT_MARKERS)
 
 

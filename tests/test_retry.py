@@ -262,6 +262,8 @@ def test_backoff_is_exponential_with_full_jitter_and_capped():
     "error,transient",
     [
         (OSError(LANCE_503), True),
+        (OSError(LANCE_503.replace("0101.lance", "d6e18348c1abb2b98d5e4047b7.lance")), True),
+        (OSError("Generic S3 error: 404 Not Found"), False),
         (OSError(LANCE_REFUSED), True),
         (OSError("LanceError(IO): Generic S3 error: 500 Internal Server Error"), True),
         (TimeoutError("took too long"), True),
