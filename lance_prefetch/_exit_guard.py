@@ -55,7 +55,7 @@ def exit_if_stuck() -> None:
         return
     error = getattr(sys, "last_value", None)  # set when an unhandled exception was printed
     _logger.warning(
-        "%d read(s) still running inside Lance at exit; ending the process now rather than "
+        "%d read(s) still inside Lance or a transform at exit; ending the process now rather than "
         "finalizing the interpreter under them (which would abort it)",
         len(stuck),
     )

@@ -18,6 +18,7 @@ import lance
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._errors import BatchLoadError
+from ._exit_guard import native_call
 from ._ranks import resolve_rank
 from ._storage import redact_uri
 from ._validate import check_bool, check_int
@@ -450,8 +451,9 @@ class PrefetchLoader(IterableDataset):
     def _convert(self, epoch: int, batch: PlannedBatch, table: Any) -> Any:
         """Convert and transform one batch read by :meth:`_read` (same thread; not retried)."""
         try:
-            tensors = to_tensors(table)
-            return tensors if self.transform is None else self.transform(tensors)
+            with native_call():  # a transform may run native code (torch) with the GIL released
+                tensors = to_tensors(table)
+                return tensors if self.transform is None else self.transform(tensors)
         except Exception as exc:
             raise self._batch_error(epoch, batch, exc, "in conversion or transform") from exc
 

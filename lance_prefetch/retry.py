@@ -166,7 +166,7 @@ class RetryPolicy:
             "wait": tenacity.wait_random_exponential(multiplier=self.backoff, max=self.max_backoff),
             # only Exceptions: a cancellation or KeyboardInterrupt is never retried
             "retry": tenacity.retry_if_exception(
-                lambda error: isinstance(error, Exception) and self.retry_on(error)
+                lambda error: isinstance(error, Exception) and bool(self.retry_on(error))
             ),
             "reraise": True,
         }

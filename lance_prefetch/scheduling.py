@@ -135,12 +135,14 @@ class _Slot:
         self.value: Any = None
         self.error: BaseException | None = None
 
-    def finish(self, value: Any = None, error: BaseException | None = None) -> None:
+    def finish(self, value: Any = None, error: BaseException | None = None) -> bool:
+        """Set the result unless one is set already; whether this call set it."""
         with self._lock:
             if self.done.is_set():
-                return
+                return False
             self.value, self.error = value, error
             self.done.set()
+            return True
 
 
 _END = object()  # queued after the last slot; queued again by every get() that sees it
@@ -224,6 +226,7 @@ class Prefetcher(Generic[T, R]):
         self._received = 0  # written by the consumer only
         self._failed = False
         self._crash: BaseException | None = None
+        self._finished = threading.Event()  # run() has returned (after recording any crash)
         # No fetch starts once _closing is set; _threads holds the loop's thread and every
         # thread that ran a fetch (close() joins them). Both are guarded by _lock.
         self._lock = threading.Lock()
@@ -276,6 +279,7 @@ class Prefetcher(Generic[T, R]):
                 self._crash = exc  # get() raises it instead of ending quietly
             raise
         finally:
+            self._finished.set()
             self._ready.put(_END)
 
     async def _fill(self, item: T, slot: _Slot) -> None:
@@ -356,8 +360,10 @@ class Prefetcher(Generic[T, R]):
         return None
 
     def _fail(self, slot: _Slot, error: BaseException) -> None:
-        self._failed = True
-        slot.finish(error=error)
+        if slot.finish(
+            error=error
+        ):  # a late duplicate's failure, after the slot was served, is moot
+            self._failed = True
 
     def stop_fetching(self) -> None:
         """Start no new fetch from now on (fetches already running carry on)."""
@@ -394,8 +400,11 @@ class Prefetcher(Generic[T, R]):
         self._received += 1
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody needs the token
             self._loop.call_soon_threadsafe(self._tokens.release)  # type: ignore[union-attr]
-        if isinstance(slot.error, PrefetcherClosed) and self._crash is not None:
-            raise RuntimeError("the prefetch producer crashed") from self._crash
+        if isinstance(slot.error, PrefetcherClosed):
+            if not self._closing:  # nobody closed us: the producer ended; wait for its verdict
+                self._finished.wait(CLOSE_TIMEOUT_S)
+            if self._crash is not None:
+                raise RuntimeError("the prefetch producer crashed") from self._crash
         if slot.error is not None:
             raise slot.error
         return slot.value  # type: ignore[no-any-return]
@@ -525,17 +534,15 @@ class BlockingPrefetcher(Iterator[R]):
                 # unwound.
                 _forked_leftovers.append(stack)
                 return
-            self._prefetcher.stop_fetching()
+            self._prefetcher.stop_fetching()  # no thread starts a fetch from now on
+            # The worker threads exit once their call returns; one that ran a Lance take must end
+            # normally, not be frozen by interpreter shutdown, or the process aborts at exit. Hand
+            # them to the exit hook first, so that an interrupted wait below loses none.
+            _abandon(self._running_threads(), time.monotonic() + self._close_timeout_s)
             stack.close()  # cancels the producer, joins the event-loop thread
         elif os.getpid() != self._pid:
             return
-        # The loop's worker threads exit once their call returns. A thread that ran a Lance take
-        # must end normally, not be frozen by interpreter shutdown, or the process aborts at exit.
-        others = [
-            thread
-            for thread in self._prefetcher.threads()
-            if thread is not threading.current_thread() and thread.is_alive()
-        ]
+        others = self._running_threads()
         if not wait:
             _abandon(others, time.monotonic() + self._close_timeout_s)
             return
@@ -546,6 +553,13 @@ class BlockingPrefetcher(Iterator[R]):
                 "in the background",
                 self._close_timeout_s,
             )
+
+    def _running_threads(self) -> list[threading.Thread]:
+        return [
+            thread
+            for thread in self._prefetcher.threads()
+            if thread is not threading.current_thread() and thread.is_alive()
+        ]
 
     def __del__(self) -> None:
         # During interpreter shutdown the event-loop thread may already be frozen: joining it
@@ -599,8 +613,8 @@ def _close_live_prefetchers() -> None:
     except KeyboardInterrupt:
         exit_if_stuck()
         raise
+    exit_if_stuck()  # also a read whose close() was cut short, or runs in another thread now
     if any(thread.is_alive() for thread in list(_finishing.keys())):
-        exit_if_stuck()
         _logger.warning(
             "a fetch was still running %.1f s after it was left to finish; it was abandoned",
             CLOSE_TIMEOUT_S,

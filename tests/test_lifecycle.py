@@ -398,8 +398,8 @@ def stuck_times(run: dict) -> dict[str, float | int] | None:
 
 
 GUARD_WARNING = (
-    "1 read(s) still running inside Lance at exit; ending the process now rather than finalizing "
-    "the interpreter under them (which would abort it)"
+    "1 read(s) still inside Lance or a transform at exit; ending the process now rather than "
+    "finalizing the interpreter under them (which would abort it)"
 )
 # A thread ended by finalization inside Lance's frames aborts: SIGABRT, with one of these or nothing.
 ABORT_SIGNS = ("terminate called", "Fatal Python error", "FATAL: exception not rethrown")

@@ -310,3 +310,54 @@ def test_a_policy_pickles_and_the_prefetcher_refuses_anything_else():
     assert pickle.loads(pickle.dumps(policy)) == policy
     with pytest.raises(TypeError, match="retry should be a RetryPolicy or None"):
         BlockingPrefetcher(range(2), Flaky({}), readahead=1, max_in_flight=1, retry=3)
+
+
+def test_a_late_duplicate_failing_after_the_slot_was_served_changes_nothing():
+    """Item 0's first attempt times out but its rows arrive first (0.3 s); the retry's copy (0.6 s)
+    then fails in process: that failure is moot, and every item still arrives."""
+    calls = Counter()
+
+    def fetch(item):
+        calls[item] += 1
+        if item == 0:
+            time.sleep(0.3 if calls[item] == 1 else 0.6)
+        return item
+
+    processed = Counter()
+
+    def process(item, raw):
+        processed[item] += 1
+        if item == 0 and processed[item] == 2:
+            raise RuntimeError("the duplicate's transform failed")
+        return raw * 10
+
+    iterator = BlockingPrefetcher(
+        range(6),
+        fetch,
+        process=process,
+        readahead=2,
+        max_in_flight=1,
+        retry=RetryPolicy(attempts=5, timeout=0.1, **FAST),
+    )
+    assert list(iterator) == [i * 10 for i in range(6)]
+    assert calls[0] >= 2
+
+
+def test_a_crashing_producer_is_an_error_never_a_quiet_end():
+    """A retry_on that raises KeyboardInterrupt crashes the producer: next() raises, it does not
+    end the stream as if the plan were exhausted."""
+
+    def rule(error):
+        raise KeyboardInterrupt
+
+    fetch = Flaky({3: 1}, delay=0.01)
+    iterator = BlockingPrefetcher(
+        range(100), fetch, readahead=8, max_in_flight=2, retry=RetryPolicy(retry_on=rule, **FAST)
+    )
+    received = []
+    with pytest.raises((RuntimeError, KeyboardInterrupt)) as caught:
+        for item in iterator:
+            received.append(item)
+    assert received == [i * 10 for i in range(len(received))] and len(received) <= 3
+    if isinstance(caught.value, RuntimeError):
+        assert "the prefetch producer crashed" in str(caught.value)
