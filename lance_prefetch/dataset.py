@@ -25,7 +25,7 @@ from ._validate import check_bool, check_int
 from .convert import check_schema, to_tensors
 from .epochs import MAX_EPOCH, Decision, EpochControl, Progress, iteration_ident
 from .permutation import resolve_kind
-from .retry import RetryPolicy
+from .retry import RetryPolicy, check_retry
 from .sampling import EpochPlan, PlannedBatch
 from .scheduling import BlockingPrefetcher, FetchError, check_depths
 from .source import LanceSource, redact
@@ -158,10 +158,7 @@ class PrefetchLoader(IterableDataset):
         if transform is not None and not callable(transform):
             raise TypeError(f"transform should be callable or None, but got {transform!r}")
         self.transform = transform
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(
-                f"retry should be a lance_prefetch.RetryPolicy or None, but got retry={retry!r}"
-            )
+        retry = check_retry(retry)
         self.retry = retry
         resolve_kind(permutation, 1)  # checked before any I/O; resolved once num_rows is known
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers

@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from .convert import check_schema, to_tensors
-from .retry import RetryPolicy
+from .retry import RetryPolicy, check_retry
 from .source import LanceSource, redact
 
 if TYPE_CHECKING:
@@ -135,10 +135,7 @@ class LanceMapDataset(Dataset):
     ) -> None:
         if transform is not None and not callable(transform):
             raise TypeError(f"transform should be callable or None, but got {transform!r}")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(
-                f"retry should be a lance_prefetch.RetryPolicy or None, but got retry={retry!r}"
-            )
+        retry = check_retry(retry)
         if retry is not None and retry.timeout is not None:
             raise ValueError(
                 f"retry: LanceMapDataset reads in the DataLoader worker's own thread, where a "

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import anyio
 import tenacity
 
-__all__ = ["RetryPolicy", "is_transient"]
+__all__ = ["RetryPolicy", "check_retry", "is_transient"]
 
 T = TypeVar("T")
 
@@ -170,6 +170,20 @@ class RetryPolicy:
             ),
             "reraise": True,
         }
+
+
+def check_retry(retry: object) -> RetryPolicy | None:
+    """Return ``retry`` if it is a :class:`RetryPolicy` or ``None`` (the ``retry`` argument of the
+    public readers).
+
+    Raises:
+        TypeError: anything else.
+    """
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise TypeError(
+            f"retry should be a lance_prefetch.RetryPolicy or None, but got retry={retry!r}"
+        )
+    return retry
 
 
 def _check_seconds(name: str, value: object) -> None:
