@@ -2,7 +2,8 @@
 
 :class:`RetryPolicy` is a small, picklable description (it travels into DataLoader workers with the
 loader); :meth:`RetryPolicy.retrying` turns it into a ``tenacity.AsyncRetrying`` that
-:mod:`~lance_prefetch.scheduling` runs on its event loop. Waiting between attempts happens on the
+:mod:`~lance_prefetch.scheduling` runs on its event loop (``retry_on`` itself runs in a worker
+thread). Waiting between attempts happens on the
 event loop, so a batch that backs off holds no thread and other reads carry on meanwhile.
 
 Lance retries each HTTP request to an object store itself (storage options
@@ -99,8 +100,10 @@ class RetryPolicy:
             are used only if they arrive before the retry's. Conversion and ``transform`` are not
             timed. Default: ``None``, no limit (Lance's storage option ``timeout`` still bounds
             each HTTP request).
-        retry_on (Callable[[BaseException], bool]): whether an error is transient. Must pickle
-            (a module-level function) to reach DataLoader workers. Default: :func:`is_transient`.
+        retry_on (Callable[[BaseException], bool]): whether an error is transient; called in a
+            worker thread (not on the event loop), so a slow one delays only its own batch.
+            Must pickle (a module-level function) to reach DataLoader workers. Default:
+            :func:`is_transient`.
 
     Raises:
         TypeError, ValueError: a field has the wrong type or is out of range (the message names
@@ -139,10 +142,23 @@ class RetryPolicy:
         if not callable(self.retry_on):
             raise TypeError(f"retry_on should be callable, but got retry_on={self.retry_on!r}")
 
-    def retrying(self) -> tenacity.AsyncRetrying:
+    def retrying(
+        self, judge: Callable[[BaseException], bool] | None = None
+    ) -> tenacity.AsyncRetrying:
         """A fresh ``tenacity.AsyncRetrying`` for one batch (waits with ``anyio.sleep``; the last
-        error is re-raised as it is). ``timeout`` is applied by the caller."""
-        return tenacity.AsyncRetrying(sleep=anyio.sleep, **self._strategy())
+        error is re-raised as it is). ``timeout`` is applied by the caller.
+
+        Args:
+            judge (Callable[[BaseException], bool], optional): decides instead of
+                :meth:`is_retryable`, for a caller that judged the error already (the prefetcher
+                runs ``retry_on`` in a worker thread, off its event loop). Default: ``None``.
+        """
+        return tenacity.AsyncRetrying(sleep=anyio.sleep, **self._strategy(judge))
+
+    def is_retryable(self, error: BaseException) -> bool:
+        """Whether ``error`` is worth another attempt: an ``Exception`` (a cancellation or
+        ``KeyboardInterrupt`` never is) that ``retry_on`` calls transient."""
+        return isinstance(error, Exception) and bool(self.retry_on(error))
 
     def call(self, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` in this thread, retried by this policy (waits with ``time.sleep``;
@@ -160,14 +176,11 @@ class RetryPolicy:
             )
         return tenacity.Retrying(sleep=time.sleep, **self._strategy())(function, *args)
 
-    def _strategy(self) -> dict[str, Any]:
+    def _strategy(self, judge: Callable[[BaseException], bool] | None = None) -> dict[str, Any]:
         return {
             "stop": tenacity.stop_after_attempt(self.attempts),
             "wait": tenacity.wait_random_exponential(multiplier=self.backoff, max=self.max_backoff),
-            # only Exceptions: a cancellation or KeyboardInterrupt is never retried
-            "retry": tenacity.retry_if_exception(
-                lambda error: isinstance(error, Exception) and bool(self.retry_on(error))
-            ),
+            "retry": tenacity.retry_if_exception(judge or self.is_retryable),
             "reraise": True,
         }
 

@@ -39,6 +39,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from ._exit_guard import exit_if_stuck
+from ._interrupts import call_holding_sigint, sigint_deferred
 from ._validate import check_int
 from .retry import RetryPolicy
 
@@ -125,24 +126,38 @@ class _Slot:
 
     The first of :meth:`finish` calls wins: a fetch abandoned by cancellation may still finish in
     its thread later, and its result is then dropped.
+
+    Built on two C-level locks only (no ``threading.Event``): a ``KeyboardInterrupt`` raised by a
+    signal handler while the consumer waits can interrupt Python-level code at any bytecode, and
+    inside ``threading.Condition`` it could leave a lock held that :meth:`finish`, in a worker
+    thread, then waits for forever. Here :meth:`finish` never waits for a lock a waiter holds.
     """
 
-    __slots__ = ("_lock", "done", "error", "value")
+    __slots__ = ("_guard", "_wakeup", "error", "is_set", "value")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.done = threading.Event()
+        self._guard = threading.Lock()  # orders finish() calls
+        self._wakeup = threading.Lock()  # held until the result is set
+        self._wakeup.acquire()
+        self.is_set = False
         self.value: Any = None
         self.error: BaseException | None = None
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> bool:
         """Set the result unless one is set already; whether this call set it."""
-        with self._lock:
-            if self.done.is_set():
+        with self._guard:
+            if self.is_set:
                 return False
             self.value, self.error = value, error
-            self.done.set()
-            return True
+            self.is_set = True
+        self._wakeup.release()
+        return True
+
+    def wait(self) -> None:
+        """Block until the result is set (interruptible by ``Ctrl-C``)."""
+        if not self.is_set:
+            self._wakeup.acquire()
+            self._wakeup.release()  # for the next waiter (the consumer and the loop may both wait)
 
 
 _END = object()  # queued after the last slot; queued again by every get() that sees it
@@ -305,7 +320,7 @@ class Prefetcher(Generic[T, R]):
                     self._fetch_into, item, slot, timer, abandon_on_cancel=True
                 )
         if timer.fetched:  # the read just made it; the thread finishes the slot: wait for that
-            await anyio.to_thread.run_sync(slot.done.wait, abandon_on_cancel=True)
+            await anyio.to_thread.run_sync(slot.wait, abandon_on_cancel=True)
             return None
         return TimeoutError(f"the read took longer than timeout={timeout:g} s; it was abandoned")
 
@@ -313,27 +328,44 @@ class Prefetcher(Generic[T, R]):
         """Retry a failed fetch by the policy; when it still fails, finish the slot with it."""
         attempts = 1
         if self._retry is not None and self._retry.attempts > 1:
-            first: Exception | None = error
+            policy = self._retry
+            failed: Exception | None = error
+            retryable = False
+
+            def judged(_: BaseException) -> bool:
+                return retryable
+
             try:
-                async for attempt in self._retry.retrying():
+                async for attempt in policy.retrying(judged):
                     with attempt:
                         attempts = attempt.retry_state.attempt_number
-                        if first is not None:  # tenacity decides on the first attempt's error
-                            error, first = first, None
-                            raise error
-                        if slot.done.is_set():  # an abandoned attempt delivered meanwhile
-                            return
-                        self._retries += 1
-                        failed = await self._attempt(item, slot)
+                        if attempts > 1:
+                            if slot.is_set:  # an abandoned attempt delivered meanwhile
+                                return
+                            self._retries += 1
+                            failed = await self._attempt(item, slot)
                         if failed is not None:
+                            # retry_on is the user's code: run it off the event loop, so that a
+                            # slow one stalls neither other batches nor closing. It stays False
+                            # if retry_on raises (that error is then the batch's).
+                            retryable = False
+                            retryable = await anyio.to_thread.run_sync(
+                                self._judge, failed, abandon_on_cancel=True
+                            )
                             raise failed
                 return
             except Exception as exc:  # not retryable, or the attempts ran out
                 error = exc
-        if not slot.done.is_set():
+        if not slot.is_set:
             failure = FetchError(item, attempts)
             failure.__cause__ = error
             self._fail(slot, failure)
+
+    def _judge(self, error: Exception) -> bool:
+        """Runs in a worker thread (joined by close() like the fetches'): ``retry_on``."""
+        with self._lock:
+            self._threads.add(threading.current_thread())
+        return self._retry.is_retryable(error)  # type: ignore[union-attr]
 
     def _fetch_into(self, item: T, slot: _Slot, timer: _Timer | None) -> Exception | None:
         """Runs in a worker thread: fetch, then process and hand the result straight to the
@@ -396,7 +428,7 @@ class Prefetcher(Generic[T, R]):
             if self._crash is not None:
                 raise RuntimeError("the prefetch producer crashed") from self._crash
             raise StopIteration
-        slot.done.wait()
+        slot.wait()
         self._received += 1
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody needs the token
             self._loop.call_soon_threadsafe(self._tokens.release)  # type: ignore[union-attr]
@@ -470,14 +502,17 @@ class BlockingPrefetcher(Iterator[R]):
         self._close_timeout_s = close_timeout_s
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        with contextlib.ExitStack() as stack:
+        self._stack: contextlib.ExitStack | None = None
+        # A Ctrl-C while the portal starts would leave its loop thread running unowned: deliver it
+        # once this iterator is whole and registered (then garbage collection closes it).
+        with sigint_deferred(), contextlib.ExitStack() as stack:
             portal = stack.enter_context(
                 anyio.from_thread.start_blocking_portal("asyncio", name=THREAD_NAME)
             )
             producer = portal.start_task_soon(self._prefetcher.run)
             stack.callback(producer.cancel)  # runs before the portal stops
-            self._stack: contextlib.ExitStack | None = stack.pop_all()
-        _live.add(self)
+            self._stack = stack.pop_all()
+            _live.add(self)
 
     def __iter__(self) -> BlockingPrefetcher[R]:
         return self
@@ -539,7 +574,8 @@ class BlockingPrefetcher(Iterator[R]):
             # normally, not be frozen by interpreter shutdown, or the process aborts at exit. Hand
             # them to the exit hook first, so that an interrupted wait below loses none.
             _abandon(self._running_threads(), time.monotonic() + self._close_timeout_s)
-            stack.close()  # cancels the producer, joins the event-loop thread
+            with sigint_deferred():  # a Ctrl-C here is raised once the loop thread is joined
+                stack.close()  # cancels the producer, joins the event-loop thread
         elif os.getpid() != self._pid:
             return
         others = self._running_threads()
@@ -562,17 +598,25 @@ class BlockingPrefetcher(Iterator[R]):
         ]
 
     def __del__(self) -> None:
+        # Garbage collection runs this wherever the main thread happens to be; a Ctrl-C raised in
+        # here would be printed as "Exception ignored in __del__" and lost, so SIGINT is held back
+        # first thing (call_holding_sigint) and sent again once this has returned.
+        if getattr(self, "_stack", None) is not None:
+            call_holding_sigint(self._close_collected)
+
+    def _close_collected(self) -> None:
         # During interpreter shutdown the event-loop thread may already be frozen: joining it
         # would hang. The atexit hook has closed every live iterator before that point.
-        if getattr(self, "_stack", None) is None or sys.is_finalizing():
+        if sys.is_finalizing():
             return
+        close = functools.partial(self.close, wait=False)
         if threading.current_thread() in self._prefetcher.threads():
             # Collected (as part of a reference cycle) on one of our own threads, which cannot
             # stop or join itself: close from a helper thread instead.
-            close = functools.partial(self.close, wait=False)
-            threading.Thread(target=close, name=f"{THREAD_NAME}-close", daemon=True).start()
+            with contextlib.suppress(RuntimeError):  # no new thread at interpreter shutdown
+                threading.Thread(target=close, name=f"{THREAD_NAME}-close", daemon=True).start()
         else:
-            self.close(wait=False)
+            close()
 
 
 def _join(threads: Iterable[threading.Thread], timeout: float) -> bool:

@@ -87,8 +87,8 @@ def test_a_permanent_failure_surfaces_with_its_batch_and_leaves_no_thread(ids_10
         "(not retried: OSError is not transient): OSError: LanceError(IO): Not found"
     )
     assert isinstance(error.__cause__, OSError)
-    loader.close()
-    assert not loop_threads() and not reader_threads()
+    loader.close()  # the failed iterator was dropped: garbage collection closes it at once
+    assert wait_until(lambda: not loop_threads() and not reader_threads(), timeout=2.0)
 
 
 def test_attempts_running_out_name_the_count(ids_1003):

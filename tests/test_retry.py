@@ -190,8 +190,13 @@ def test_a_fetch_stuck_on_every_attempt_fails_within_the_budget():
             next(iterator)
         elapsed = time.monotonic() - started
         assert iterator.closed and not loop_threads()
-        stuck = [t for t in iterator._prefetcher.threads() if t.is_alive()]
-        assert len(stuck) == 3  # the three abandoned attempts
+
+        def alive():
+            return [t for t in iterator._prefetcher.threads() if t.is_alive()]
+
+        # the three abandoned attempts (an idle worker that ran retry_on exits in a moment)
+        assert wait_until(lambda: len(alive()) == 3, timeout=2.0)
+        stuck = alive()
     finally:
         fetch.release.set()
     assert caught.value.attempts == 3
@@ -361,3 +366,46 @@ def test_a_crashing_producer_is_an_error_never_a_quiet_end():
     assert received == [i * 10 for i in range(len(received))] and len(received) <= 3
     if isinstance(caught.value, RuntimeError):
         assert "the prefetch producer crashed" in str(caught.value)
+
+
+def test_a_slow_retry_on_stalls_neither_other_batches_nor_close():
+    """retry_on runs in a worker thread: while it blocks on item 2's error, items 3-9 are read
+    (up to readahead), and close() does not wait for it."""
+    release = threading.Event()
+
+    def rule(error):
+        release.wait(10.0)
+        return True
+
+    fetch = Flaky({2: 1})
+    iterator = BlockingPrefetcher(
+        range(20), fetch, readahead=8, max_in_flight=2, retry=RetryPolicy(retry_on=rule, **FAST)
+    )
+    try:
+        assert [next(iterator), next(iterator)] == [0, 10]
+        # 0-1 received, 2 failed and judged, 3-9 read meanwhile: the readahead window is full
+        assert wait_until(lambda: set(fetch.attempts) == set(range(10)), timeout=3.0)
+        assert fetch.attempts[2] == 1 and not release.is_set()
+        before = time.monotonic()
+        iterator.close(wait=False)
+        assert time.monotonic() - before < 0.5 and not loop_threads()
+    finally:
+        release.set()
+
+
+def test_a_slow_retry_on_delays_only_its_own_batch():
+    release = threading.Event()
+
+    def rule(error):
+        release.wait(10.0)
+        return True
+
+    fetch = Flaky({2: 1})
+    iterator = BlockingPrefetcher(
+        range(12), fetch, readahead=8, max_in_flight=2, retry=RetryPolicy(retry_on=rule, **FAST)
+    )
+    assert [next(iterator), next(iterator)] == [0, 10]
+    assert wait_until(lambda: set(fetch.attempts) == set(range(10)), timeout=3.0)
+    release.set()
+    assert list(iterator) == [i * 10 for i in range(2, 12)]
+    assert fetch.attempts[2] == 2 and iterator.statistics().retries == 1

@@ -1,0 +1,78 @@
+"""Iterators started and dropped back to back while interrupts land anywhere, for
+tests/test_interrupts.py.
+
+Usage: ``python interrupt_script.py MODE SECONDS``. Prints ``ready`` once warm, then loops for at
+most SECONDS (no Lance: the fetch is a cheap fake, so the loop spends its time starting and
+stopping iterators):
+
+- ``sigint``: ``it = BlockingPrefetcher(...); next(it); del it`` until the test sends SIGINT; the
+  ``KeyboardInterrupt`` is left uncaught (exit by SIGINT). Most of the loop's time is spent in the
+  windows where an iterator starts its event-loop thread or is closed by garbage collection.
+- ``alarm``: a ``SIGALRM`` handler raises ``KeyboardInterrupt`` at a random moment (0.05-3 ms)
+  while ``next()`` runs, over and over; each interrupted iterator is then closed explicitly (which
+  must return: its event-loop thread must not hang on a lock the interrupt left held). Prints one
+  line ``RESULT {json}`` with the counts of iterations, interrupts and batches, and the
+  event-loop threads still alive.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sys
+import threading
+import time
+
+from lance_prefetch.scheduling import THREAD_NAME, BlockingPrefetcher
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def fetch(item: int) -> int:
+    return item
+
+
+def sigint(seconds: float) -> None:
+    iterator = BlockingPrefetcher(range(4), fetch, readahead=2, max_in_flight=1)
+    next(iterator)
+    del iterator
+    say("ready")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        iterator = BlockingPrefetcher(range(4), fetch, readahead=2, max_in_flight=1)
+        next(iterator)
+        del iterator
+    say("no SIGINT came")
+
+
+def alarm(seconds: float) -> None:
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGALRM, interrupt)
+    counts = {"iterations": 0, "interrupts": 0, "batches": 0}
+    rng = random.Random(0)
+    say("ready")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        iterator = BlockingPrefetcher(range(10**9), fetch, readahead=4, max_in_flight=2)
+        counts["iterations"] += 1
+        try:
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00005, 0.003))
+            for _ in iterator:
+                counts["batches"] += 1
+        except KeyboardInterrupt:
+            counts["interrupts"] += 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        iterator.close()  # hangs if the interrupt left a lock held that the loop thread needs
+    alive = [t.name for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
+    say("RESULT " + json.dumps({**counts, "loop_threads": alive}))
+
+
+if __name__ == "__main__":
+    {"sigint": sigint, "alarm": alarm}[sys.argv[1]](float(sys.argv[2]))
