@@ -98,6 +98,12 @@ class PrefetchLoader(IterableDataset):
             guarantees); ``"auto"``, ``"lazy"`` above 2**27 rows (512 MiB as an array), else
             ``"array"`` (see :mod:`lance_prefetch.permutation`). The resolved kind is
             :attr:`permutation` and part of the checkpoint state. Default: ``"auto"``.
+        io (str, optional): how local files are read: ``"default"``, Lance's reader, or
+            ``"uring"``, its io_uring reader (2-3x faster random takes on the development
+            machine, identical rows; local datasets only; a ``file+uring://`` URI selects it
+            too). If the kernel refuses io_uring, a ``RuntimeWarning`` says so at construction
+            and the default reader is used; :attr:`io` is the reader in use. Default:
+            ``"default"``.
 
     Batches:
         ``dict[str, torch.Tensor]``: a tensor of shape ``(rows, ...)`` per numeric column (the
@@ -112,7 +118,8 @@ class PrefetchLoader(IterableDataset):
             ``[0, world_size)``, a column or ``version`` does not exist, the dataset has no rows,
             ``drop_last=True`` and it has fewer than ``batch_size * world_size`` rows, or an S3
             endpoint in ``storage_options`` is not an ``http(s)://`` URL or is plain ``http``
-            without ``allow_http`` (checked before any I/O).
+            without ``allow_http``, or ``io`` is not ``"default"``/``"uring"`` or is ``"uring"``
+            for a dataset on an object store (checked before any I/O).
         FileNotFoundError: there is no dataset at ``source``, or its S3 bucket does not exist.
         PermissionError: the object store refused the credentials in ``storage_options``.
         ConnectionError: the endpoint in ``storage_options`` does not answer.
@@ -147,6 +154,7 @@ class PrefetchLoader(IterableDataset):
         transform: Callable[[dict[str, Any]], Any] | None = None,
         retry: RetryPolicy | None = RetryPolicy(),  # noqa: B008  (frozen, shared safely)
         permutation: str = "auto",
+        io: str = "default",
     ) -> None:
         super().__init__()
         # Everything that needs no I/O is checked first.
@@ -169,7 +177,7 @@ class PrefetchLoader(IterableDataset):
         self._iterators: weakref.WeakSet[BlockingPrefetcher[Any]] = weakref.WeakSet()
 
         self._source = LanceSource(
-            source, columns=columns, version=version, storage_options=storage_options
+            source, columns=columns, version=version, storage_options=storage_options, io=io
         )
         check_schema(self._source.schema)
         if self._source.num_rows == 0:
@@ -191,6 +199,11 @@ class PrefetchLoader(IterableDataset):
     def version(self) -> int:
         """The pinned dataset version that every epoch reads."""
         return self._source.version
+
+    @property
+    def io(self) -> str:
+        """The reader in use: ``"default"`` or ``"uring"`` (``"default"`` after a fallback)."""
+        return self._source.io
 
     @property
     def num_rows(self) -> int:
@@ -517,7 +530,7 @@ class PrefetchLoader(IterableDataset):
             f"columns={list(self.columns)}, version={self.version}, num_rows={self.num_rows}, "
             f"seed={self.seed}, epoch={self.epoch}, readahead={self.readahead}, "
             f"max_in_flight={self.max_in_flight}, drop_last={self.drop_last}, rank={self.rank}, "
-            f"world_size={self.world_size}, retry={self.retry!r}, "
+            f"world_size={self.world_size}, retry={self.retry!r}, io={self.io!r}, "
             f"storage_options={redact(self._source._storage_options)})"
         )
 

@@ -105,6 +105,12 @@ class LanceMapDataset(Dataset):
             retried, in the reading process's own thread (see
             :class:`~lance_prefetch.RetryPolicy`; its ``timeout`` must be ``None`` here).
             ``None``: no retry. Default: ``RetryPolicy()``, 3 attempts.
+        io (str, optional): how local files are read: ``"default"``, Lance's reader, or
+            ``"uring"``, its io_uring reader (2-3x faster random takes on the development
+            machine, identical rows; local datasets only; a ``file+uring://`` URI selects it
+            too). If the kernel refuses io_uring, a ``RuntimeWarning`` says so at construction
+            and the default reader is used; :attr:`io` is the reader in use. Default:
+            ``"default"``.
 
     Indices are offsets among the live rows of the pinned version, ``0 .. len(dataset) - 1``
     (negative ones count from the end, as in Python). The dataset pickles small (URI, version,
@@ -117,7 +123,8 @@ class LanceMapDataset(Dataset):
 
     Raises:
         TypeError: an argument has the wrong type, or a column's Arrow type has no tensor form.
-        ValueError: a column or ``version`` does not exist, or ``retry`` has a ``timeout``.
+        ValueError: a column or ``version`` does not exist, ``retry`` has a ``timeout``, or
+            ``io`` is not ``"default"``/``"uring"`` or is ``"uring"`` for an object store.
         FileNotFoundError: there is no dataset at ``source``.
         PermissionError, ConnectionError: as for :class:`~lance_prefetch.PrefetchLoader` on an
             object store (see :class:`~lance_prefetch.source.LanceSource`).
@@ -132,6 +139,7 @@ class LanceMapDataset(Dataset):
         version: int | str | None = None,
         transform: Callable[[Any], Any] | None = None,
         retry: RetryPolicy | None = RetryPolicy(),  # noqa: B008  (frozen, shared safely)
+        io: str = "default",
     ) -> None:
         if transform is not None and not callable(transform):
             raise TypeError(f"transform should be callable or None, but got {transform!r}")
@@ -146,7 +154,7 @@ class LanceMapDataset(Dataset):
         self.transform = transform
         self.retry = retry
         self._source = LanceSource(
-            source, columns=columns, version=version, storage_options=storage_options
+            source, columns=columns, version=version, storage_options=storage_options, io=io
         )
         check_schema(self._source.schema)
 
@@ -159,6 +167,11 @@ class LanceMapDataset(Dataset):
     def version(self) -> int:
         """The pinned dataset version."""
         return self._source.version
+
+    @property
+    def io(self) -> str:
+        """The reader in use: ``"default"`` or ``"uring"`` (``"default"`` after a fallback)."""
+        return self._source.io
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -208,7 +221,8 @@ class LanceMapDataset(Dataset):
     def __repr__(self) -> str:
         return (
             f"LanceMapDataset({self.uri!r}, columns={list(self.columns)}, version={self.version}, "
-            f"num_rows={len(self)}, storage_options={redact(self._source._storage_options)})"
+            f"num_rows={len(self)}, io={self.io!r}, "
+            f"storage_options={redact(self._source._storage_options)})"
         )
 
 

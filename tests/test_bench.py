@@ -145,6 +145,13 @@ def test_config_refuses_bad_combinations():
         BenchConfig(readahead=(2,), max_in_flight=(4,))
     with pytest.raises(ValueError, match=r"^contenders should be among"):
         BenchConfig(contenders=("sequential", "magic"))
+    with pytest.raises(ValueError, match=r"^--io uring reads local datasets only"):
+        BenchConfig(local_s3=True, io="uring")
+    with pytest.raises(ValueError, match=r"^--io uring reads local datasets only"):
+        BenchConfig(uri="s3://bucket/train.lance", io="uring")
+    with pytest.raises(ValueError, match=r"^io should be 'default' or 'uring'"):
+        BenchConfig(io="fast")
+    assert BenchConfig(uri="file:///data/x.lance", io="uring").io == "uring"
     assert BenchConfig(readahead=(1, 4), max_in_flight=(1, 4, 16)).grid() == [
         (1, 1),
         (4, 1),

@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--aimd-rate", type=int, default=defaults.aimd_rate,
         help="pin Lance's request-rate limiter on object stores at this many requests/s "
         "(0: Lance's default ramp)")  # fmt: skip
+    add("--io", choices=("default", "uring"), default=defaults.io,
+        help="uring: every contender reads the local dataset through Lance's io_uring reader "
+        "(file+uring://)")  # fmt: skip
     add("--io-threads", type=int, help="set LANCE_IO_THREADS for the contenders")
     add("--id-column", default=defaults.id_column,
         help="column with row ids for the same-ids check ('' for none: offsets are used)")  # fmt: skip
@@ -119,6 +122,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
             seed=args.latency_seed,
         ),
         aimd_rate=args.aimd_rate,
+        io=args.io,
         io_threads=args.io_threads,
         id_column=args.id_column or None,
         record_ids=args.record_ids,

@@ -66,6 +66,9 @@ class BenchConfig:
         aimd_rate (int): pins Lance's request-rate limiter on object stores
             (``lance_aimd_initial_rate`` = ``lance_aimd_max_rate``, requests/s) unless the storage
             options set it; ``0`` leaves Lance's default (a ramp). Default: ``5000``.
+        io (str): ``"uring"``: every contender reads a local dataset through Lance's io_uring
+            reader (its ``file+uring://`` URI); ``"default"``: the URI as it is. Default:
+            ``"default"``.
         io_threads (int, optional): ``LANCE_IO_THREADS`` for the contenders. Default: ``None``
             (the environment's value, else Lance's default).
         id_column (str, optional): column with row ids for the same-ids check. Default: ``"id"``.
@@ -100,6 +103,7 @@ class BenchConfig:
     contenders: tuple[str, ...] = DEFAULT_KINDS
     latency: Latency = field(default_factory=Latency)
     aimd_rate: int = 5000
+    io: str = "default"
     io_threads: int | None = None
     id_column: str | None = "id"
     record_ids: bool = False
@@ -123,6 +127,10 @@ class BenchConfig:
         for name in ("warmup_batches", "seed", "aimd_rate"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} should be >= 0, but got {name}={getattr(self, name)}")
+        if self.io not in ("default", "uring"):
+            raise ValueError(f"io should be 'default' or 'uring', but got io={self.io!r}")
+        if self.io == "uring" and (self.local_s3 or _scheme(self.uri or "") not in _LOCAL_SCHEMES):
+            raise ValueError("--io uring reads local datasets only (io_uring is for local files)")
         if self.step_ms < 0:
             raise ValueError(f"step_ms should be >= 0, but got step_ms={self.step_ms}")
         unknown = [name for name in self.contenders if name not in KINDS]
@@ -237,6 +245,11 @@ def _prepare_storage(
         kind = "object store" if remote else "local disk"
         description = uri if not remote else f"{uri} ({_endpoint(options)})"
     remote = kind != "local disk"
+    if config.io == "uring":
+        from ..source import uring_uri
+
+        uri = uring_uri(uri)
+        description += f", read through Lance's io_uring reader ({uri})"
     limiter = "not used (local files)"
     if remote:
         given = {"lance_aimd_initial_rate", "lance_aimd_max_rate"} & set(options)
