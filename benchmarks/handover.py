@@ -5,7 +5,7 @@ Two designs, with a fetch that does no work so only the hand-over is timed:
 * ``portal``: the training thread asks the event loop for each item with a blocking anyio portal
   call (``portal.call(prefetcher.__anext__)``-style), a round trip through the loop per item.
 * ``lance-prefetch``: :class:`~lance_prefetch.scheduling.BlockingPrefetcher`; the worker thread
-  hands the result over with a ``threading.Event`` and the training thread returns the readahead
+  hands the result over by releasing a lock and the training thread returns the readahead
   token without waiting (``call_soon_threadsafe``).
 
 For each it reports the mean time the training thread spends in ``next()`` while it "trains" for

@@ -141,6 +141,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             f"of {report.seconds:.2f} s",
             flush=True,
         )
+        print(f"  loader.stats(): {report.stats}", flush=True)
 
     demo.train(
         uri,

@@ -8,7 +8,6 @@ a two-layer network on them. Pointed at another dataset with ``uri``, it treats 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from .dataset import PrefetchLoader
+from .telemetry import LoaderStats
 
 __all__ = ["EpochReport", "train", "write_digits"]
 
@@ -72,6 +72,8 @@ class EpochReport:
         wait_fraction (float): fraction of the epoch's wall time the loop spent waiting in
             ``next()`` for a batch.
         seconds (float): the epoch's wall time in seconds.
+        stats (LoaderStats): the loader's own telemetry at the epoch's end (``loader.stats()``),
+            where the three figures above come from.
     """
 
     epoch: int
@@ -80,6 +82,7 @@ class EpochReport:
     rows_per_s: float
     wait_fraction: float
     seconds: float
+    stats: LoaderStats
 
 
 def _features(batch: dict[str, torch.Tensor], columns: Sequence[str]) -> torch.Tensor:
@@ -155,15 +158,8 @@ def train(
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         model.train()
-        total_loss, rows, waited = 0.0, 0, 0.0
-        start = time.perf_counter()
-        iterator = iter(loader)
-        while True:
-            before = time.perf_counter()
-            batch = next(iterator, None)
-            waited += time.perf_counter() - before
-            if batch is None:
-                break
+        total_loss, rows = 0.0, 0
+        for batch in loader:
             logits = model(_features(batch, feature_columns))
             loss = nn.functional.cross_entropy(logits, batch[label_column].long())
             optimizer.zero_grad()
@@ -171,10 +167,16 @@ def train(
             optimizer.step()
             total_loss += loss.item() * len(logits)
             rows += len(logits)
-        seconds = time.perf_counter() - start
+        stats = loader.stats()
         accuracy = None if held_out is None else _accuracy(model, held_out, columns)
         epoch_report = EpochReport(
-            epoch, total_loss / rows, accuracy, rows / seconds, waited / seconds, seconds
+            epoch,
+            total_loss / rows,
+            accuracy,
+            stats.rows_per_s_total,
+            stats.wait_fraction_total,
+            stats.elapsed_s,
+            stats,
         )
         reports.append(epoch_report)
         if report is not None:

@@ -94,12 +94,14 @@ class PrefetchStatistics:
         in_flight (int): fetches running in worker threads; never above ``max_in_flight``.
         received (int): items handed to the consumer so far.
         retries (int): fetch attempts after a failed or timed-out one, so far.
+        ready (int): items fetched and processed, waiting to be received.
     """
 
     held: int
     in_flight: int
     received: int
     retries: int = 0
+    ready: int = 0
 
 
 class FetchError(Exception):
@@ -239,6 +241,7 @@ class Prefetcher(Generic[T, R]):
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # slots in plan order, then _END
         self._started = 0  # written by the producer only
         self._received = 0  # written by the consumer only
+        self._completed = 0  # slots finished with a value; written under _lock
         self._failed = False
         self._crash: BaseException | None = None
         self._finished = threading.Event()  # run() has returned (after recording any crash)
@@ -388,7 +391,9 @@ class Prefetcher(Generic[T, R]):
         except BaseException as exc:  # never retried: re-raised by get(), unchanged
             self._fail(slot, exc)
         else:
-            slot.finish(value=value)
+            if slot.finish(value=value):
+                with self._lock:
+                    self._completed += 1
         return None
 
     def _fail(self, slot: _Slot, error: BaseException) -> None:
@@ -449,6 +454,7 @@ class Prefetcher(Generic[T, R]):
             in_flight=0 if limiter is None else int(limiter.borrowed_tokens),
             received=self._received,
             retries=self._retries,
+            ready=max(self._completed - self._received, 0),
         )
 
 

@@ -10,7 +10,7 @@ import lance_prefetch
 
 MODULES = [
     "sampling", "permutation", "epochs", "state", "scheduling", "retry", "source", "convert",
-    "dataset", "mapstyle", "_exit_guard",
+    "dataset", "mapstyle", "_exit_guard", "_interrupts", "telemetry",
     "demo", "cli", "bench", "bench.run", "bench.contenders", "bench.report", "bench.local_s3",
     "bench.latency_proxy", "bench.data",
 ]  # fmt: skip
@@ -20,6 +20,7 @@ def test_top_level_exports():
     assert lance_prefetch.__all__ == [
         "BatchLoadError",
         "LanceMapDataset",
+        "LoaderStats",
         "PrefetchLoader",
         "RetryPolicy",
         "__version__",

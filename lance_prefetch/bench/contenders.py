@@ -353,6 +353,7 @@ class _LancePrefetch:
         self.spec = spec
         self.latencies: list[float] = []
         self.notes: tuple[str, ...] = ()
+        self.pass_stats: dict[int, Any] = {}  # epoch -> loader.stats() at the pass's end
 
     def setup(self) -> None:
         from .. import PrefetchLoader
@@ -382,6 +383,7 @@ class _LancePrefetch:
             for indices in plan_batches(self.spec, epoch, count):
                 yield next(iterator), indices
         finally:
+            self.pass_stats[epoch] = self.loader.stats()
             iterator.close()
 
     def close(self) -> None:
@@ -508,12 +510,17 @@ def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, A
         )
     finally:
         contender.close()
+    notes = list(contender.notes)
+    # lance-prefetch's own telemetry (in this process; DataLoader workers keep theirs)
+    stats = getattr(contender, "pass_stats", {}).get(STEP_EPOCH)
+    if stats is not None and stats.epoch is not None:
+        notes.append(f"loader.stats() at the end of the step pass: {stats}")
     return {
         "setup_s": setup_s,
         "warmup_s": warmup_s,
         "passes": {"throughput": throughput, "step": step},
         "ids": {str(THROUGHPUT_EPOCH): ids_0, str(STEP_EPOCH): ids_1},
-        "notes": list(contender.notes),
+        "notes": notes,
     }
 
 

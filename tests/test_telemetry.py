@@ -1,0 +1,191 @@
+"""loader.stats() and log_every: exact counts, rates on a fake clock, waiting measured where it
+happens, live queue and in-flight counts, and the logging option."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers import expected_rank_ids
+
+from lance_prefetch import LoaderStats, PrefetchLoader
+from lance_prefetch.telemetry import LATENCIES, Telemetry
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rates_over_the_window_and_in_total_on_a_fake_clock():
+    clock = Clock()
+    telemetry = Telemetry(3, window_s=10.0, clock=clock)
+    telemetry.attach(lambda: (2, 1, 5))
+    # 20 s: one 100-row batch a second, each after waiting 0.25 s; each take 1 MiB in 40 ms
+    for _ in range(20):
+        clock.now += 1.0
+        telemetry.record_take(0.040, 1 << 20)
+        telemetry.record_batch(100, 0.25)
+    stats = telemetry.snapshot()
+    assert (stats.epoch, stats.worker_id, stats.batches, stats.rows) == (3, None, 20, 2000)
+    assert stats.elapsed_s == pytest.approx(20.0)
+    assert stats.rows_per_s_total == pytest.approx(100.0)
+    assert stats.rows_per_s == pytest.approx(100.0)  # 10 batches in the last 10 s
+    assert stats.mib_per_s == pytest.approx(1.0) and stats.mib_per_s_total == pytest.approx(1.0)
+    assert stats.wait_fraction == pytest.approx(0.25)
+    assert stats.wait_fraction_total == pytest.approx(0.25)
+    assert (stats.queue_depth, stats.in_flight, stats.retries) == (2, 1, 5)
+    assert stats.take_ms_p50 == pytest.approx(40.0) and stats.take_ms_p99 == pytest.approx(40.0)
+
+    # 5 quiet seconds: the window holds 5 batches, the total rate drops to 2000 / 25
+    clock.now += 5.0
+    stats = telemetry.snapshot()
+    assert stats.rows_per_s == pytest.approx(50.0)
+    assert stats.rows_per_s_total == pytest.approx(80.0)
+    assert stats.wait_fraction == pytest.approx(0.125)
+
+    telemetry.end()  # elapsed stops; counters are frozen with the last retries seen
+    clock.now += 100.0
+    stats = telemetry.snapshot()
+    assert stats.elapsed_s == pytest.approx(25.0)
+    assert (stats.queue_depth, stats.in_flight, stats.retries) == (0, 0, 5)
+
+
+def test_latency_percentiles_cover_the_latest_takes():
+    telemetry = Telemetry(0, clock=Clock())
+    assert math.isnan(telemetry.snapshot().take_ms_p50)
+    for ms in range(1, 101):  # 1..100 ms
+        telemetry.record_take(ms / 1000, 0)
+    stats = telemetry.snapshot()
+    expected = np.percentile(np.arange(1, 101, dtype=float), [50, 95, 99])
+    assert [stats.take_ms_p50, stats.take_ms_p95, stats.take_ms_p99] == pytest.approx(expected)
+    for _ in range(LATENCIES):  # a full ring of 500 ms takes replaces them all
+        telemetry.record_take(0.5, 0)
+    assert telemetry.snapshot().take_ms_p50 == pytest.approx(500.0)
+
+
+def test_a_gone_iteration_reports_nothing_queued():
+    telemetry = Telemetry(0, clock=Clock())
+    telemetry.attach(lambda: (1, 2, 3))
+    assert telemetry.snapshot().retries == 3
+    telemetry.attach(lambda: None)  # the iteration was garbage collected
+    stats = telemetry.snapshot()
+    assert (stats.queue_depth, stats.in_flight, stats.retries) == (0, 0, 3)
+
+
+def test_stats_before_any_iteration_are_zeros(ids_1003):
+    stats = PrefetchLoader(ids_1003, 100).stats()
+    assert stats == LoaderStats()
+    assert stats.epoch is None and stats.batches == 0 and math.isnan(stats.take_ms_p50)
+
+
+def test_stats_after_an_epoch_count_every_batch_and_row(ids_1003):
+    loader = PrefetchLoader(ids_1003, 100, columns=["id", "vector"], drop_last=False, seed=4)
+    loader.set_epoch(2)
+    batches = [batch["id"].tolist() for batch in loader]
+    assert batches == expected_rank_ids(loader)
+    stats = loader.stats()
+    assert (stats.epoch, stats.batches, stats.rows) == (2, 11, 1003)
+    assert (stats.queue_depth, stats.in_flight, stats.retries) == (0, 0, 0)
+    assert 0 < stats.take_ms_p50 <= stats.take_ms_p95 <= stats.take_ms_p99
+    # Arrow bytes read: 8 (id) + 12 (3 x float32) per row
+    assert stats.mib_per_s_total * stats.elapsed_s * (1 << 20) == pytest.approx(1003 * 20)
+    assert stats.rows_per_s_total == pytest.approx(1003 / stats.elapsed_s)
+    assert 0.0 <= stats.wait_fraction_total <= 1.0
+    frozen = loader.stats()  # the iteration is over: nothing moves any more
+    time.sleep(0.05)
+    assert loader.stats() == frozen
+
+
+def slow_takes(loader, seconds):
+    take = loader._source.take
+
+    def slow(indices):
+        time.sleep(seconds)
+        return take(indices)
+
+    loader._source.take = slow
+
+
+def test_waiting_is_measured_in_next(ids_1003):
+    """Takes of 60 ms one at a time and no training step: the loop waits nearly all the time,
+    and each take lasts at least 60 ms. With a 60 ms step and reads kept ahead, it hardly waits."""
+    starved = PrefetchLoader(ids_1003, 100, columns=["id"], readahead=1, max_in_flight=1)
+    slow_takes(starved, 0.06)
+    assert len(list(starved)) == 10
+    stats = starved.stats()
+    assert stats.wait_fraction_total > 0.8
+    assert stats.take_ms_p50 >= 60.0
+
+    fed = PrefetchLoader(ids_1003, 100, columns=["id"], readahead=4, max_in_flight=4)
+    slow_takes(fed, 0.02)
+    for _ in fed:
+        time.sleep(0.06)
+    stats = fed.stats()
+    assert stats.batches == 10 and stats.wait_fraction_total < 0.3
+
+
+def test_queue_depth_and_in_flight_while_reads_are_held(ids_1003):
+    """readahead=4, max_in_flight=2; takes of batches 3 and up block: after 2 batches are
+    received, batch 2 is ready in the queue and 2 takes are in flight."""
+    loader = PrefetchLoader(ids_1003, 100, columns=["id"], readahead=4, max_in_flight=2)
+    release = threading.Event()
+    take = loader._source.take
+    blocked = {int(batch.indices[0]) for batch in list(loader.epoch_plan().rank_batches(0))[3:]}
+
+    def held(indices):
+        if int(indices[0]) in blocked:
+            release.wait(10.0)
+        return take(indices)
+
+    loader._source.take = held
+    iterator = iter(loader)
+    try:
+        next(iterator), next(iterator)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            stats = loader.stats()
+            if (stats.queue_depth, stats.in_flight) == (1, 2):
+                break
+            time.sleep(0.01)
+        assert (stats.batches, stats.queue_depth, stats.in_flight) == (2, 1, 2)
+    finally:
+        release.set()
+    assert len(list(iterator)) == 8
+    assert loader.stats().batches == 10
+
+
+def test_log_every_logs_a_line_of_stats(ids_1003, caplog):
+    caplog.set_level(logging.INFO, logger="lance_prefetch.stats")
+    loader = PrefetchLoader(ids_1003, 100, columns=["id"], log_every=0.05)
+    for _ in loader:
+        time.sleep(0.02)
+    lines = [r.getMessage() for r in caplog.records if r.name == "lance_prefetch.stats"]
+    assert 2 <= len(lines) <= 5  # 10 batches in ~0.2 s, one line per 0.05 s at most
+    assert all(line.startswith("epoch 0: ") and " rows/s " in line for line in lines)
+    quiet = PrefetchLoader(ids_1003, 100, columns=["id"])
+    caplog.clear()
+    list(quiet)
+    assert not [r for r in caplog.records if r.name == "lance_prefetch.stats"]
+
+
+@pytest.mark.parametrize(
+    "value,error,message",
+    [
+        (0, ValueError, r"log_every should be a finite number of seconds > 0"),
+        (-1.0, ValueError, r"log_every should be a finite number of seconds > 0"),
+        (math.inf, ValueError, r"but got log_every=inf"),
+        ("10", TypeError, r"log_every should be a number of seconds or None, but got '10'"),
+        (True, TypeError, r"log_every should be a number of seconds or None, but got True"),
+    ],
+)
+def test_bad_log_every_is_refused_before_any_io(value, error, message):
+    with pytest.raises(error, match=message):
+        PrefetchLoader("/nonexistent/never/opened.lance", 4, log_every=value)
