@@ -107,9 +107,10 @@ class PrefetchLoader(IterableDataset):
             logs its own. Default: ``None``, no logging (:meth:`stats` still works).
         io (str, optional): how local files are read: ``"default"``, Lance's reader, or
             ``"uring"``, its io_uring reader (2-3x faster random takes on the development
-            machine, identical rows; local datasets only; a ``file+uring://`` URI selects it
-            too). If the kernel refuses io_uring, a ``RuntimeWarning`` says so at construction
-            and the default reader is used; :attr:`io` is the reader in use. Default:
+            machine, identical rows; local datasets only). If the kernel refuses io_uring, a
+            ``RuntimeWarning`` says so at construction and the default reader is used;
+            :attr:`io` is the reader in use. Default: ``None``, by the URI: ``"uring"`` for a
+            ``file+uring://`` URI (``io="default"`` with one is a ``ValueError``), else
             ``"default"``.
 
     Batches:
@@ -161,7 +162,7 @@ class PrefetchLoader(IterableDataset):
         transform: Callable[[dict[str, Any]], Any] | None = None,
         retry: RetryPolicy | None = RetryPolicy(),  # noqa: B008  (frozen, shared safely)
         permutation: str = "auto",
-        io: str = "default",
+        io: str | None = None,
         log_every: float | None = None,
     ) -> None:
         super().__init__()
@@ -612,7 +613,7 @@ class _Iteration(BlockingPrefetcher[Any]):
         self._next_log = None if log_every is None else telemetry.started + log_every
 
     def __next__(self) -> Any:
-        started = time.perf_counter()
+        started = self._telemetry.begin_wait()
         try:
             rows, item = super().__next__()
         except FetchError as error:
@@ -621,7 +622,7 @@ class _Iteration(BlockingPrefetcher[Any]):
         except BaseException:
             self._telemetry.end()
             raise
-        now = time.perf_counter()
+        now = self._telemetry.clock()
         self._telemetry.record_batch(rows, now - started)
         self._progress.delivered += 1
         if self._next_log is not None and now >= self._next_log:

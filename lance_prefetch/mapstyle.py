@@ -107,9 +107,10 @@ class LanceMapDataset(Dataset):
             ``None``: no retry. Default: ``RetryPolicy()``, 3 attempts.
         io (str, optional): how local files are read: ``"default"``, Lance's reader, or
             ``"uring"``, its io_uring reader (2-3x faster random takes on the development
-            machine, identical rows; local datasets only; a ``file+uring://`` URI selects it
-            too). If the kernel refuses io_uring, a ``RuntimeWarning`` says so at construction
-            and the default reader is used; :attr:`io` is the reader in use. Default:
+            machine, identical rows; local datasets only). If the kernel refuses io_uring, a
+            ``RuntimeWarning`` says so at construction and the default reader is used;
+            :attr:`io` is the reader in use. Default: ``None``, by the URI: ``"uring"`` for a
+            ``file+uring://`` URI (``io="default"`` with one is a ``ValueError``), else
             ``"default"``.
 
     Indices are offsets among the live rows of the pinned version, ``0 .. len(dataset) - 1``
@@ -139,7 +140,7 @@ class LanceMapDataset(Dataset):
         version: int | str | None = None,
         transform: Callable[[Any], Any] | None = None,
         retry: RetryPolicy | None = RetryPolicy(),  # noqa: B008  (frozen, shared safely)
-        io: str = "default",
+        io: str | None = None,
     ) -> None:
         if transform is not None and not callable(transform):
             raise TypeError(f"transform should be callable or None, but got {transform!r}")

@@ -65,12 +65,12 @@ class LanceSource:
             needs ``allow_http='true'``, and it is probed once at construction (for at most
             ``connect_timeout``, default :data:`~lance_prefetch._storage.PROBE_TIMEOUT_S` = 3 s).
             Default: ``None``.
-        io (str): how local files are read. ``"default"``: Lance's default reader.
+        io (str, optional): how local files are read. ``"default"``: Lance's default reader.
             ``"uring"``: Lance's io_uring reader (the ``file+uring://`` scheme of Lance 14; 2-3x
             faster random takes on the development machine, same rows); local datasets only.
-            A ``file+uring://`` URI selects it too. If the kernel refuses io_uring (a probe read
-            at construction fails), a ``RuntimeWarning`` says so and the default reader is used.
-            Default: ``"default"``.
+            If the kernel refuses io_uring (a probe read at construction fails), a
+            ``RuntimeWarning`` says so and the default reader is used. Default: ``None``, by
+            the URI: ``"uring"`` for a ``file+uring://`` URI, else ``"default"``.
 
     Attributes:
         uri (str): the dataset's URI. version (int): the pinned version. num_rows (int): live rows
@@ -101,7 +101,7 @@ class LanceSource:
         columns: Sequence[str] | None = None,
         version: int | str | None = None,
         storage_options: Mapping[str, str] | None = None,
-        io: str = "default",
+        io: str | None = None,
     ) -> None:
         self._storage_options = _check_storage_options(storage_options)
         columns = _check_columns(columns)
@@ -110,9 +110,16 @@ class LanceSource:
         if isinstance(source, (str, os.PathLike, lance.LanceDataset)):
             given = source.uri if isinstance(source, lance.LanceDataset) else os.fspath(source)
             if _scheme(given) == URING:
+                if self.io == "default":
+                    raise ValueError(
+                        f"io='default' contradicts the URI {redact_uri(given)!r}, whose "
+                        f"file+uring:// scheme selects Lance's io_uring reader; pass the plain "
+                        f"path (or a file:// URI) for the default reader, or leave io unset"
+                    )
                 self.io = "uring"  # chosen by the URI
             if self.io == "uring":
                 uring_uri(given)  # a dataset on an object store is refused before any I/O
+            self.io = self.io or "default"
             # Opened with the default reader first (its errors are the explained ones).
             self._read_uri = "file" + given[len(URING) :] if _scheme(given) == URING else given
         if isinstance(source, lance.LanceDataset):
@@ -295,14 +302,16 @@ class LanceSource:
 URING = "file+uring"  # Lance 14's scheme for its io_uring reader of local files
 
 
-def check_io(io: object) -> str:
-    """Validate the ``io`` argument: ``"default"`` or ``"uring"``.
+def check_io(io: object) -> str | None:
+    """Validate the ``io`` argument: ``None``, ``"default"`` or ``"uring"``.
 
     Raises:
-        TypeError: not a str. ValueError: another value.
+        TypeError: not a str or None. ValueError: another value.
     """
+    if io is None:
+        return None
     if not isinstance(io, str):
-        raise TypeError(f"io should be 'default' or 'uring', but got io={io!r}")
+        raise TypeError(f"io should be 'default', 'uring' or None, but got io={io!r}")
     if io not in ("default", "uring"):
         raise ValueError(
             f"io should be 'default' (Lance's reader) or 'uring' (its io_uring reader, local "

@@ -53,7 +53,7 @@ class LoaderStats:
             recent.
         mib_per_s_total (float): the same, total.
         wait_fraction (float): fraction of wall time the training loop spent inside ``next()``
-            waiting for a batch, recent, in ``[0, 1]``.
+            waiting for a batch, recent, in ``[0, 1]`` (a wait still going on counts up to now).
         wait_fraction_total (float): the same, total.
         queue_depth (int): batches read and not yet received (ready in the queue).
         in_flight (int): takes running now.
@@ -133,15 +133,25 @@ class Telemetry:
         self._next_latency = 0
         self._counters: Callable[[], tuple[int, int, int] | None] | None = None
         self._retries = 0
+        self._waiting_since: float | None = None  # next() is waiting for a batch since then
 
     def attach(self, counters: Callable[[], tuple[int, int, int] | None]) -> None:
         """Where :meth:`snapshot` gets ``(queue_depth, in_flight, retries)`` from while the
         iteration runs (``None`` once it is gone: keep no strong reference to it here)."""
         self._counters = counters
 
+    def begin_wait(self) -> float:
+        """``next()`` starts waiting for a batch now (the time is returned): until
+        :meth:`record_batch`, :meth:`snapshot` counts this wait as it goes, so a stalled loop shows
+        as waiting."""
+        now = self.clock()
+        self._waiting_since = now
+        return now
+
     def record_batch(self, rows: int, waited_s: float) -> None:
         """A batch of ``rows`` rows was delivered after ``next()`` waited ``waited_s`` seconds."""
         now = self.clock()
+        self._waiting_since = None
         with self._lock:
             self._batches.append((now, self.rows, self.waited))
             _expire(self._batches, now - self.window_s)
@@ -163,6 +173,7 @@ class Telemetry:
         """The iteration is over: elapsed time stops here."""
         if self.ended is None:
             self.ended = self.clock()
+            self._waiting_since = None
             self._read_counters()
             self._counters = None  # nothing is queued or in flight for the user any more
 
@@ -189,6 +200,10 @@ class Telemetry:
             recent_bytes = 0 if first_take is None else self.bytes - first_take[1]
             total_bytes = self.bytes
             latencies = self._latencies[~np.isnan(self._latencies)] * 1000.0
+        waiting_since = self._waiting_since
+        if waiting_since is not None and self.ended is None:  # a wait still going on
+            waited += max(now - waiting_since, 0.0)
+            recent_waited += max(now - max(waiting_since, since), 0.0)
         if latencies.size:
             p50, p95, p99 = (float(v) for v in np.percentile(latencies, [50, 95, 99]))
         else:

@@ -77,8 +77,8 @@ def test_uring_uri_rules(tmp_path, monkeypatch):
     [
         ("fast", ValueError, r"io should be 'default' .* or 'uring' .*, but got io='fast'"),
         ("URING", ValueError, r"but got io='URING'"),
-        (1, TypeError, r"io should be 'default' or 'uring', but got io=1"),
-        (None, TypeError, r"but got io=None"),
+        (1, TypeError, r"io should be 'default', 'uring' or None, but got io=1"),
+        (b"uring", TypeError, r"but got io=b'uring'"),
     ],
 )
 def test_bad_io_values_are_refused_before_any_io(io, error, message):
@@ -109,6 +109,13 @@ def test_a_kernel_refusing_io_uring_falls_back_with_a_warning(ids_1003, monkeypa
     assert [batch["id"].tolist() for batch in loader] == expected_rank_ids(loader)
     copy = pickle.loads(pickle.dumps(loader._source))  # workers use the default reader too
     assert copy.take(np.array([9])).column("id").to_pylist() == [9]
+
+
+def test_io_default_contradicting_a_file_uring_uri_is_refused(ids_1003):
+    with pytest.raises(ValueError, match=r"io='default' contradicts the URI .*file\+uring://"):
+        PrefetchLoader("file+uring://" + ids_1003, 100, io="default")
+    assert PrefetchLoader(ids_1003, 100, io=None).io == "default"
+    assert PrefetchLoader("file+uring://" + ids_1003, 100, io="uring").io == "uring"
 
 
 def test_a_missing_dataset_with_uring_is_the_usual_error_without_a_warning(tmp_path):

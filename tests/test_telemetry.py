@@ -58,6 +58,24 @@ def test_rates_over_the_window_and_in_total_on_a_fake_clock():
     assert (stats.queue_depth, stats.in_flight, stats.retries) == (0, 0, 5)
 
 
+def test_a_wait_still_going_on_counts_up_to_now():
+    clock = Clock()
+    telemetry = Telemetry(0, window_s=10.0, clock=clock)
+    clock.now += 2.0
+    telemetry.record_batch(10, 0.0)
+    telemetry.begin_wait()  # the loop waits from t=2 on
+    clock.now += 6.0
+    stats = telemetry.snapshot()
+    assert stats.wait_fraction_total == pytest.approx(6.0 / 8.0)
+    assert stats.wait_fraction == pytest.approx(6.0 / 8.0)  # the iteration is younger than 10 s
+    clock.now += 12.0  # waiting for 18 s: the whole recent window
+    stats = telemetry.snapshot()
+    assert stats.wait_fraction == pytest.approx(1.0)
+    assert stats.wait_fraction_total == pytest.approx(18.0 / 20.0)
+    telemetry.record_batch(10, 18.0)
+    assert telemetry.snapshot().wait_fraction_total == pytest.approx(18.0 / 20.0)
+
+
 def test_latency_percentiles_cover_the_latest_takes():
     telemetry = Telemetry(0, clock=Clock())
     assert math.isnan(telemetry.snapshot().take_ms_p50)
@@ -130,6 +148,26 @@ def test_waiting_is_measured_in_next(ids_1003):
         time.sleep(0.06)
     stats = fed.stats()
     assert stats.batches == 10 and stats.wait_fraction_total < 0.3
+
+
+def test_a_stalled_loop_shows_as_waiting_while_it_waits(ids_1003):
+    """A transform of 1 s: asked from another thread during the first next(), stats() says the
+    loop has been waiting all along (not 0% until the batch arrives)."""
+
+    def slow(batch):
+        time.sleep(1.0)
+        return batch
+
+    loader = PrefetchLoader(ids_1003, 100, columns=["id"], transform=slow, max_in_flight=1)
+    seen = []
+    timer = threading.Timer(0.6, lambda: seen.append(loader.stats()))
+    iterator = iter(loader)
+    timer.start()
+    next(iterator)
+    timer.join()
+    iterator.close()
+    (stats,) = seen
+    assert stats.batches == 0 and stats.wait_fraction_total > 0.8 and stats.wait_fraction > 0.8
 
 
 def test_queue_depth_and_in_flight_while_reads_are_held(ids_1003):
