@@ -93,7 +93,13 @@ def call_holding_sigint(function: Callable[[], object]) -> None:
             _thread.start_new_thread(_send_sigint_after, (state,))
         # None: a handler not installed from Python, which cannot be put back; the default one
         # is the closest (the interpreter's own handler raises KeyboardInterrupt).
-        _signal.signal(_SIGINT, signal.default_int_handler if previous is None else previous)
+        try:
+            # signal.signal runs the handler of a SIGINT pending at this very moment, the
+            # restored one: it must not raise in here either.
+            _signal.signal(_SIGINT, signal.default_int_handler if previous is None else previous)
+        except KeyboardInterrupt:
+            if not state[0]:
+                _thread.start_new_thread(_send_sigint_after, (state,))
         state[1] = True  # a plain store: no interrupt is raised between this and the return
 
 

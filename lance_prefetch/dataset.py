@@ -604,13 +604,15 @@ class _Iteration(BlockingPrefetcher[Any]):
         log_every: float | None,
         **options: Any,
     ) -> None:
-        super().__init__(items, fetch, process=process, **options)
+        # Set before the prefetcher starts: a Ctrl-C held back during its start is raised at the
+        # end of super().__init__(), and close() (run by garbage collection) needs them.
         self._progress = progress
         self._read_error = read_error
         self._telemetry = telemetry
-        telemetry.attach(_counters_of(weakref.ref(self)))  # weak: the loader keeps telemetry
         self._log_every = log_every
         self._next_log = None if log_every is None else telemetry.started + log_every
+        super().__init__(items, fetch, process=process, **options)
+        telemetry.attach(_counters_of(weakref.ref(self)))  # weak: the loader keeps telemetry
 
     def __next__(self) -> Any:
         started = self._telemetry.begin_wait()

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any, NoReturn
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import lance
 import numpy as np
@@ -337,7 +337,9 @@ def uring_uri(source: str | os.PathLike[str]) -> str:
             f"io='uring' reads local files only, but the dataset {redact_uri(uri)!r} is on "
             f"{scheme}://; use io='default' there"
         )
-    return f"{URING}://{os.path.abspath(uri)}"
+    # A URI: percent signs and other reserved characters of the path are escaped, or Lance
+    # would decode them ('%41.lance' would open 'A.lance').
+    return f"{URING}://{quote(os.path.abspath(uri))}"
 
 
 def _scheme(uri: str) -> str:

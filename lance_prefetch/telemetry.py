@@ -191,7 +191,7 @@ class Telemetry:
         since = max(now - self.window_s, self.started)
         span = max(now - since, 1e-9)
         with self._lock:
-            rows, waited = self.rows, self.waited
+            batches, rows, waited = self.batches, self.rows, self.waited
             first = _first_after(self._batches, since)
             recent_rows, recent_waited = (
                 (0, 0.0) if first is None else (rows - first[1], waited - first[2])
@@ -212,7 +212,7 @@ class Telemetry:
         return LoaderStats(
             epoch=self.epoch,
             worker_id=self.worker_id,
-            batches=self.batches,
+            batches=batches,
             rows=rows,
             elapsed_s=elapsed,
             rows_per_s=recent_rows / span,

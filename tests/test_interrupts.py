@@ -173,3 +173,35 @@ def test_keyboard_interrupt_from_a_signal_handler_anywhere_in_next_never_hangs()
     assert result["loop_threads"] == []
     assert result["interrupts"] == result["iterations"] >= 200
     assert result["batches"] > 0
+
+
+def test_a_sigint_while_iter_starts_the_loop_thread_raises_from_iter_and_leaves_no_thread(
+    ids_1003, monkeypatch
+):
+    """The held-back Ctrl-C is raised at the end of the iterator's start: iter() raises it, and
+    the half-returned iterator is still closed by garbage collection (its loop thread ends)."""
+    import contextlib
+    import gc
+
+    import anyio.from_thread
+    from helpers import loop_threads, wait_until
+
+    from lance_prefetch import PrefetchLoader
+
+    real = anyio.from_thread.start_blocking_portal
+
+    @contextlib.contextmanager
+    def portal_then_sigint(*args, **kwargs):
+        with real(*args, **kwargs) as portal:
+            os.kill(os.getpid(), signal.SIGINT)  # lands while the portal starts
+            yield portal
+
+    loader = PrefetchLoader(ids_1003, 100, columns=["id"])
+    monkeypatch.setattr(anyio.from_thread, "start_blocking_portal", portal_then_sigint)
+    with pytest.raises(KeyboardInterrupt):
+        iter(loader)
+    monkeypatch.undo()
+    gc.collect()
+    assert wait_until(lambda: not loop_threads(), timeout=3.0)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert len(list(loader)) == 10  # the loader still works

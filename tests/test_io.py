@@ -9,6 +9,7 @@ import warnings
 import lance
 import numpy as np
 import pytest
+from conftest import write_ids
 from helpers import expected_rank_ids
 
 from lance_prefetch import LanceMapDataset, PrefetchLoader
@@ -125,3 +126,14 @@ def test_a_missing_dataset_with_uring_is_the_usual_error_without_a_warning(tmp_p
             PrefetchLoader(str(tmp_path / "missing.lance"), 4, io="uring")
         with pytest.raises(FileNotFoundError, match="no Lance dataset at"):
             PrefetchLoader("file+uring://" + str(tmp_path / "missing.lance"), 4)
+
+
+def test_a_path_with_percent_signs_reads_that_dataset(tmp_path):
+    """'%41' in a path is not decoded to 'A' on the way to the io_uring reader."""
+    write_ids(tmp_path / "A.lance", 10)
+    uri = write_ids(tmp_path / "%41 x%.lance", 30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = PrefetchLoader(uri, 10, columns=["id"], io="uring")
+    assert loader.io == "uring"
+    assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(30))

@@ -227,3 +227,24 @@ def test_log_every_logs_a_line_of_stats(ids_1003, caplog):
 def test_bad_log_every_is_refused_before_any_io(value, error, message):
     with pytest.raises(error, match=message):
         PrefetchLoader("/nonexistent/never/opened.lance", 4, log_every=value)
+
+
+def test_snapshots_from_another_thread_are_consistent(ids_1003):
+    """rows == 16 * batches in every snapshot taken while batches of 16 are delivered."""
+    loader = PrefetchLoader(ids_1003, 16, columns=["id"])
+    snapshots, done = [], threading.Event()
+
+    def poll():
+        while not done.is_set():
+            snapshots.append(loader.stats())
+
+    poller = threading.Thread(target=poll)
+    iterator = iter(loader)
+    poller.start()
+    try:
+        assert sum(1 for _ in iterator) == 62
+    finally:
+        done.set()
+        poller.join()
+    assert len(snapshots) > 100
+    assert [(s.batches, s.rows) for s in snapshots if s.rows != 16 * s.batches] == []
