@@ -105,13 +105,9 @@ class LanceMapDataset(Dataset):
             retried, in the reading process's own thread (see
             :class:`~lance_prefetch.RetryPolicy`; its ``timeout`` must be ``None`` here).
             ``None``: no retry. Default: ``RetryPolicy()``, 3 attempts.
-        io (str, optional): how local files are read: ``"default"``, Lance's reader, or
-            ``"uring"``, its io_uring reader (2-3x faster random takes on the development
-            machine, identical rows; local datasets only). If the kernel refuses io_uring, a
-            ``RuntimeWarning`` says so at construction and the default reader is used;
-            :attr:`io` is the reader in use. Default: ``None``, by the URI: ``"uring"`` for a
-            ``file+uring://`` URI (``io="default"`` with one is a ``ValueError``), else
-            ``"default"``.
+        io (str, optional): ``"default"`` or ``"uring"`` (Lance's io_uring reader for local
+            files), as for :class:`~lance_prefetch.PrefetchLoader`; :attr:`io` is the reader in
+            use. Default: ``None``, by the URI.
 
     Indices are offsets among the live rows of the pinned version, ``0 .. len(dataset) - 1``
     (negative ones count from the end, as in Python). The dataset pickles small (URI, version,

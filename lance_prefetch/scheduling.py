@@ -397,9 +397,8 @@ class Prefetcher(Generic[T, R]):
         return None
 
     def _fail(self, slot: _Slot, error: BaseException) -> None:
-        if slot.finish(
-            error=error
-        ):  # a late duplicate's failure, after the slot was served, is moot
+        # A late duplicate's failure, after the slot was served, is moot.
+        if slot.finish(error=error):
             self._failed = True
 
     def stop_fetching(self) -> None:

@@ -372,10 +372,10 @@ def _refuse_a_file(uri: str) -> None:
     Raises:
         FileNotFoundError: ``uri`` (or one of its parent paths) is an existing file.
     """
-    parts = urlsplit(uri)
-    if parts.scheme.lower() in ("file", URING):
-        path = unquote(parts.path)
-    elif len(parts.scheme) > 1:  # an object store (a one-letter scheme is a Windows drive)
+    scheme = _scheme(uri)
+    if scheme in ("file", URING):
+        path = unquote(urlsplit(uri).path)
+    elif scheme:  # an object store
         return
     else:
         path = uri

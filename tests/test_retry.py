@@ -368,9 +368,10 @@ def test_a_crashing_producer_is_an_error_never_a_quiet_end():
         assert "the prefetch producer crashed" in str(caught.value)
 
 
-def test_a_slow_retry_on_stalls_neither_other_batches_nor_close():
-    """retry_on runs in a worker thread: while it blocks on item 2's error, items 3-9 are read
-    (up to readahead), and close() does not wait for it."""
+def blocked_on_retry_on(items):
+    """A prefetcher whose retry_on blocks (until ``release`` is set) on item 2's one failure,
+    once items 0 and 1 were received and items 3-9 read meanwhile (the readahead window full).
+    Returns (iterator, fetch, release)."""
     release = threading.Event()
 
     def rule(error):
@@ -379,12 +380,18 @@ def test_a_slow_retry_on_stalls_neither_other_batches_nor_close():
 
     fetch = Flaky({2: 1})
     iterator = BlockingPrefetcher(
-        range(20), fetch, readahead=8, max_in_flight=2, retry=RetryPolicy(retry_on=rule, **FAST)
+        range(items), fetch, readahead=8, max_in_flight=2, retry=RetryPolicy(retry_on=rule, **FAST)
     )
+    assert [next(iterator), next(iterator)] == [0, 10]
+    assert wait_until(lambda: set(fetch.attempts) == set(range(10)), timeout=3.0)
+    return iterator, fetch, release
+
+
+def test_a_slow_retry_on_stalls_neither_other_batches_nor_close():
+    """retry_on runs in a worker thread: while it blocks on item 2's error, items 3-9 are read
+    (up to readahead), and close() does not wait for it."""
+    iterator, fetch, release = blocked_on_retry_on(20)
     try:
-        assert [next(iterator), next(iterator)] == [0, 10]
-        # 0-1 received, 2 failed and judged, 3-9 read meanwhile: the readahead window is full
-        assert wait_until(lambda: set(fetch.attempts) == set(range(10)), timeout=3.0)
         assert fetch.attempts[2] == 1 and not release.is_set()
         before = time.monotonic()
         iterator.close(wait=False)
@@ -394,18 +401,7 @@ def test_a_slow_retry_on_stalls_neither_other_batches_nor_close():
 
 
 def test_a_slow_retry_on_delays_only_its_own_batch():
-    release = threading.Event()
-
-    def rule(error):
-        release.wait(10.0)
-        return True
-
-    fetch = Flaky({2: 1})
-    iterator = BlockingPrefetcher(
-        range(12), fetch, readahead=8, max_in_flight=2, retry=RetryPolicy(retry_on=rule, **FAST)
-    )
-    assert [next(iterator), next(iterator)] == [0, 10]
-    assert wait_until(lambda: set(fetch.attempts) == set(range(10)), timeout=3.0)
+    iterator, fetch, release = blocked_on_retry_on(12)
     release.set()
     assert list(iterator) == [i * 10 for i in range(2, 12)]
     assert fetch.attempts[2] == 2 and iterator.statistics().retries == 1
