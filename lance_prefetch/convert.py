@@ -196,8 +196,11 @@ def _fixed_lists(name: str, array: pa.Array) -> torch.Tensor:
 
 
 def _variable_lists(name: str, array: pa.Array) -> list[torch.Tensor | None]:
-    offsets = array.offsets.to_numpy()  # absolute positions in array.values
-    flat = _column(name, array.values)
+    offsets = array.offsets.to_numpy()  # positions in array.values (which ignores a slice)
+    start = int(offsets[0]) if len(offsets) else 0
+    # Only this batch's values: a slice of a coalesced take shares its values with the others.
+    flat = _column(name, array.values.slice(start, int(offsets[-1]) - start if len(offsets) else 0))
+    offsets = offsets - start
     valid = array.is_valid().to_numpy(zero_copy_only=False)
     return [flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(array))]
 

@@ -95,6 +95,11 @@ class PrefetchStatistics:
         received (int): items handed to the consumer so far.
         retries (int): fetch attempts after a failed or timed-out one, so far.
         ready (int): items fetched and processed, waiting to be received.
+        readahead (int): the readahead bound now (changed by :meth:`Prefetcher.resize`).
+        max_in_flight (int): the in-flight bound now.
+
+    Items count in readahead units (see ``size`` of :class:`Prefetcher`); an item of several units
+    counts as received unit by unit (:meth:`Prefetcher.release`).
     """
 
     held: int
@@ -102,6 +107,8 @@ class PrefetchStatistics:
     received: int
     retries: int = 0
     ready: int = 0
+    readahead: int = 0
+    max_in_flight: int = 0
 
 
 class FetchError(Exception):
@@ -135,13 +142,14 @@ class _Slot:
     thread, then waits for forever. Here :meth:`finish` never waits for a lock a waiter holds.
     """
 
-    __slots__ = ("_guard", "_wakeup", "error", "is_set", "value")
+    __slots__ = ("_guard", "_wakeup", "error", "is_set", "units", "value")
 
     def __init__(self) -> None:
         self._guard = threading.Lock()  # orders finish() calls
         self._wakeup = threading.Lock()  # held until the result is set
         self._wakeup.acquire()
         self.is_set = False
+        self.units = 1  # readahead units the item holds
         self.value: Any = None
         self.error: BaseException | None = None
 
@@ -201,13 +209,18 @@ class Prefetcher(Generic[T, R]):
         retry (RetryPolicy, optional): how a failing or stuck ``fetch`` is retried (see
             :class:`~lance_prefetch.retry.RetryPolicy`). Default: ``None``, one attempt, no
             timeout.
+        size (Callable[[T], int], optional): how many readahead units an item holds, each in
+            ``[1, readahead]`` (for Lance, a coalesced read of several batches holds one unit per
+            batch). Default: ``None``, one unit per item.
 
-    Invariants (``tokens`` is the producer's readahead semaphore):
-        ``tokens.value + held == readahead`` and ``in_flight <= max_in_flight``. A token is taken
-        before an item's fetch starts and given back when the consumer receives that item, so
-        retries and backoff happen inside the item's token; fetches start in plan order (the
-        in-flight limiter is first-in, first-out). A fetch abandoned by its ``timeout`` leaves the
-        limiter while its thread finishes the call in the background.
+    Invariants (``tokens`` is the producer's readahead semaphore, ``held`` counts units):
+        ``tokens.value + held + debt == readahead`` and ``in_flight <= max_in_flight``. An item's
+        tokens are taken before its fetch starts; :meth:`get` gives one back when the consumer
+        receives the item and :meth:`release` the item's other units as the consumer hands them
+        on, so retries and backoff happen inside the item's tokens; fetches start in plan order
+        (the in-flight limiter is first-in, first-out). A fetch abandoned by its ``timeout``
+        leaves the limiter while its thread finishes the call in the background. ``debt`` is
+        what :meth:`resize` shrank the readahead by and returned tokens have not yet repaid.
 
     Errors:
         A ``fetch`` that fails for good (its error is not transient, or the attempts ran out) makes
@@ -229,19 +242,22 @@ class Prefetcher(Generic[T, R]):
         readahead: int,
         max_in_flight: int,
         retry: RetryPolicy | None = None,
+        size: Callable[[T], int] | None = None,
     ) -> None:
         self._readahead, self._max_in_flight = check_depths(readahead, max_in_flight)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry should be a RetryPolicy or None, but got retry={retry!r}")
+        self._size = size
+        self._debt = 0  # tokens to swallow after a shrinking resize(); on the loop only
         self._items = items
         self._fetch = fetch
         self._process = process
         self._retry = retry
         self._retries = 0  # written by the producer only
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # slots in plan order, then _END
-        self._started = 0  # written by the producer only
-        self._received = 0  # written by the consumer only
-        self._completed = 0  # slots finished with a value; written under _lock
+        self._started = 0  # units; written by the producer only
+        self._received = 0  # units; written by the consumer only
+        self._completed = 0  # units of slots finished with a value; written under _lock
         self._failed = False
         self._crash: BaseException | None = None
         self._finished = threading.Event()  # run() has returned (after recording any crash)
@@ -281,6 +297,12 @@ class Prefetcher(Generic[T, R]):
                         if self._failed:
                             break
                         item = next(items)
+                        units = 1 if self._size is None else self._size(item)
+                        if not 1 <= units <= self._readahead:
+                            raise ValueError(
+                                f"an item of {units} units cannot be read ahead with "
+                                f"readahead={self._readahead}"
+                            )
                     except StopIteration:
                         break
                     except Exception as exc:  # a broken plan must not look like a finished one
@@ -289,7 +311,10 @@ class Prefetcher(Generic[T, R]):
                         self._started += 1
                         self._ready.put(slot)
                         break
-                    self._started += 1
+                    for _ in range(units - 1):  # an item of several units: all its tokens first
+                        await self._tokens.acquire()
+                    slot.units = units
+                    self._started += units
                     self._ready.put(slot)
                     task_group.start_soon(self._fill, item, slot)
         except BaseException as exc:
@@ -393,7 +418,7 @@ class Prefetcher(Generic[T, R]):
         else:
             if slot.finish(value=value):
                 with self._lock:
-                    self._completed += 1
+                    self._completed += slot.units
         return None
 
     def _fail(self, slot: _Slot, error: BaseException) -> None:
@@ -434,8 +459,7 @@ class Prefetcher(Generic[T, R]):
             raise StopIteration
         slot.wait()
         self._received += 1
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody needs the token
-            self._loop.call_soon_threadsafe(self._tokens.release)  # type: ignore[union-attr]
+        self._give_back(1)
         if isinstance(slot.error, PrefetcherClosed):
             if not self._closing:  # nobody closed us: the producer ended; wait for its verdict
                 self._finished.wait(CLOSE_TIMEOUT_S)
@@ -444,6 +468,52 @@ class Prefetcher(Generic[T, R]):
         if slot.error is not None:
             raise slot.error
         return slot.value  # type: ignore[no-any-return]
+
+    def release(self, units: int) -> None:
+        """Give back the readahead tokens of ``units`` more units of received items (an item of
+        several units gives back one when :meth:`get` returns it, the rest as the consumer hands
+        them on). Call it from the consumer thread."""
+        self._received += units
+        self._give_back(units)
+
+    def _give_back(self, units: int) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody needs the token
+            self._loop.call_soon_threadsafe(self._repay, units)  # type: ignore[union-attr]
+
+    def _repay(self, units: int) -> None:
+        """On the loop: tokens go back to the producer, first repaying a shrink's debt."""
+        paid = min(units, self._debt)
+        self._debt -= paid
+        for _ in range(units - paid):
+            self._tokens.release()
+
+    def resize(self, readahead: int, max_in_flight: int) -> None:
+        """Change the readahead and in-flight bounds of a running prefetcher (thread-safe).
+
+        Growing takes effect at once. Shrinking ``readahead`` keeps every item already started:
+        the tokens given back are withheld until the new bound holds. ``readahead`` must stay at
+        least the largest item ``size``.
+
+        Raises:
+            TypeError, ValueError: from :func:`check_depths`.
+        """
+        readahead, max_in_flight = check_depths(readahead, max_in_flight)
+        loop = self._loop
+        if loop is None:  # not running yet: the new bounds apply from the start
+            self._readahead, self._max_in_flight = readahead, max_in_flight
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._resize, readahead, max_in_flight)
+
+    def _resize(self, readahead: int, max_in_flight: int) -> None:
+        if self._limiter is not None:
+            self._limiter.total_tokens = max_in_flight
+        change, self._readahead = readahead - self._readahead, readahead
+        self._max_in_flight = max_in_flight
+        if change < 0:
+            self._debt -= change
+        else:
+            self._repay(change)
 
     def statistics(self) -> PrefetchStatistics:
         """A :class:`PrefetchStatistics` snapshot (safe from any thread)."""
@@ -454,6 +524,8 @@ class Prefetcher(Generic[T, R]):
             received=self._received,
             retries=self._retries,
             ready=max(self._completed - self._received, 0),
+            readahead=self._readahead,
+            max_in_flight=self._max_in_flight,
         )
 
 
@@ -464,7 +536,8 @@ class BlockingPrefetcher(Iterator[R]):
     the calling process (so never inherited through ``fork``) and stopped by :meth:`close`.
 
     Args:
-        items, fetch, process, readahead, max_in_flight, retry: as for :class:`Prefetcher`.
+        items, fetch, process, readahead, max_in_flight, retry, size: as for
+            :class:`Prefetcher`.
         close_timeout_s (float, optional): how long :meth:`close` waits for the threads that ran
             fetches to return and exit, in seconds. Default: :data:`CLOSE_TIMEOUT_S` (5 s).
 
@@ -494,6 +567,7 @@ class BlockingPrefetcher(Iterator[R]):
         readahead: int,
         max_in_flight: int,
         retry: RetryPolicy | None = None,
+        size: Callable[[T], int] | None = None,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
     ) -> None:
         self._prefetcher: Prefetcher[T, R] = Prefetcher(
@@ -503,6 +577,7 @@ class BlockingPrefetcher(Iterator[R]):
             readahead=readahead,
             max_in_flight=max_in_flight,
             retry=retry,
+            size=size,
         )
         self._close_timeout_s = close_timeout_s
         self._pid = os.getpid()
@@ -540,6 +615,14 @@ class BlockingPrefetcher(Iterator[R]):
         except BaseException:  # the error (or Ctrl-C) reaches the caller without waiting
             self.close(wait=False)
             raise
+
+    def release(self, units: int) -> None:
+        """See :meth:`Prefetcher.release`."""
+        self._prefetcher.release(units)
+
+    def resize(self, readahead: int, max_in_flight: int) -> None:
+        """See :meth:`Prefetcher.resize`."""
+        self._prefetcher.resize(readahead, max_in_flight)
 
     @property
     def closed(self) -> bool:

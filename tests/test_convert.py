@@ -71,6 +71,33 @@ def test_slices_respect_the_offset():
     assert out["v"].tolist() == [[6, 7], [8, 9]]
 
 
+def test_slices_of_every_kind_of_column_convert_only_their_rows():
+    """A coalesced take is split into slices: each slice converts exactly as a copy of its rows,
+    and a null in another slice (here in the first row) fails nothing else."""
+    table = pa.table(
+        {
+            "l": pa.array([[None], [1, 2], [], None, [3]], pa.list_(pa.int32())),
+            "f": pa.array([[None], [1.5], [], [2.5, 3.5], None], pa.list_(pa.float32())),
+            "s": pa.array([None, "b", "", "d", "e"]),
+            "v": fixed(np.arange(10, dtype=np.float32), 2),
+        }
+    )
+
+    def plain(value):
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value.tolist() if isinstance(value, torch.Tensor) else value
+
+    for start, length in [(1, 1), (1, 2), (2, 3), (3, 2), (4, 1)]:
+        sliced = to_tensors(table.slice(start, length))
+        copied = to_tensors(table.take(list(range(start, start + length))))
+        assert {k: plain(v) for k, v in sliced.items()} == {
+            k: plain(v) for k, v in copied.items()
+        }, (start, length)
+    with pytest.raises(ValueError, match=r"^column 'l' \(int32\) holds 1 nulls"):
+        to_tensors(table.slice(0, 1))
+
+
 def test_strings_binary_and_variable_lists():
     table = pa.table(
         {

@@ -1,0 +1,241 @@
+"""Coalesced takes: the rule for how many batches one take reads, the groups and their split,
+and a loader reading groups: the same batches in the same order, one take per group, the
+readahead bound in batches, errors at the right batch, resuming mid-group."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from helpers import batch_ids, expected_rank_ids, loop_threads, wait_until
+
+from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch.coalesce import TARGET_ROWS, Group, check_coalesce, coalesce_size, groups, split
+from lance_prefetch.sampling import EpochPlan, PlannedBatch
+from lance_prefetch.source import LanceSource
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "readahead", "expected"),
+    [(64, 8, 4), (64, 64, 16), (64, 40, 16), (100, 64, 11), (1024, 8, 1), (4096, 8, 1),
+     (10, 3, 1), (10, 2, 1), (10, 1, 1), (1, 10_000, TARGET_ROWS)],
+)  # fmt: skip
+def test_the_auto_rule(batch_size, readahead, expected):
+    """ceil(1024 / batch_size), at most readahead // 2, at least 1."""
+    assert coalesce_size("auto", batch_size, readahead) == expected
+
+
+def test_an_explicit_coalesce_is_kept_up_to_readahead():
+    assert coalesce_size(5, 64, 5) == 5
+    with pytest.raises(
+        ValueError, match=r"coalesce should be <= readahead.*coalesce=6 > readahead=5"
+    ):
+        coalesce_size(6, 64, 5)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [(0, ValueError, "coalesce should be an integer >= 1"), ("max", TypeError, "'auto' or"),
+     (2.0, TypeError, "'auto' or a number"), (True, TypeError, "'auto' or a number"),
+     (None, TypeError, "'auto' or a number")],
+)  # fmt: skip
+def test_bad_coalesce_values(value, error, match):
+    with pytest.raises(error, match=match):
+        check_coalesce(value)
+    with pytest.raises(error, match=match):
+        PrefetchLoader("/nonexistent.lance", 4, coalesce=value)  # refused before any I/O
+
+
+def test_groups_and_split_give_back_each_batch_exactly():
+    plan = EpochPlan(num_rows=23, batch_size=3, seed=1, drop_last=False)
+    batches = list(plan.rank_batches(0))
+    made = list(groups(iter(batches), 3))
+    assert [[b.position for b in g.batches] for g in made] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert [g.position for g in made] == [0, 3, 6] and [len(g) for g in made] == [3, 3, 2]
+    for group in made:
+        assert group.indices.tolist() == sum((b.indices.tolist() for b in group.batches), [])
+        table = pa.table({"id": group.indices.astype(np.int64)})
+        pieces = split(table, group)
+        assert [p["id"].to_pylist() for p in pieces] == [b.indices.tolist() for b in group.batches]
+    single = next(groups(iter(batches[:1]), 1))
+    assert single.indices is batches[0].indices  # one batch: no copy
+    assert repr(made[2]) == "Group(positions=[6, 7], rows=5)"
+
+
+def _recorded_takes(monkeypatch) -> list[list[int]]:
+    taken: list[list[int]] = []
+    original = LanceSource.take
+    lock = threading.Lock()
+
+    def take(self, indices):
+        with lock:
+            taken.append(np.asarray(indices).tolist())
+        return original(self, indices)
+
+    monkeypatch.setattr(LanceSource, "take", take)
+    return taken
+
+
+@pytest.mark.parametrize("coalesce", [1, 2, 3, 7])
+def test_a_coalesced_epoch_is_the_plan_with_one_take_per_group(ids_1003, monkeypatch, coalesce):
+    loader = PrefetchLoader(ids_1003, 100, drop_last=False, readahead=8, coalesce=coalesce)
+    taken = _recorded_takes(monkeypatch)
+    batches = list(loader)
+    expected = expected_rank_ids(loader)
+    assert batch_ids(batches) == expected  # 11 batches, the last of 3 rows
+    assert [b["vector"][:, 0].tolist() for b in batches] == [
+        [float(i) for i in e] for e in expected
+    ]
+    groups_ = [expected[i : i + coalesce] for i in range(0, len(expected), coalesce)]
+    assert sorted(taken) == sorted(sum(group, []) for group in groups_)
+
+
+def test_coalesced_takes_on_another_rank(ids_1003, monkeypatch):
+    """Rank 1 of 2 groups its own batches: one take per 3 of them, its batches exactly."""
+    loader = PrefetchLoader(ids_1003, 25, rank=1, world_size=2, coalesce=3, drop_last=False)
+    taken = _recorded_takes(monkeypatch)
+    expected = expected_rank_ids(loader, 1)
+    assert batch_ids(loader) == expected
+    assert sorted(taken) == sorted(sum(expected[i : i + 3], []) for i in range(0, len(expected), 3))
+
+
+def test_groups_of_a_dataloader_worker_are_its_own_batches():
+    """Worker 1 of 2 groups the batches it reads (1, 3, 5, ...), in its order."""
+    plan = EpochPlan(num_rows=1003, batch_size=25, world_size=2, drop_last=False)
+    mine = [b.indices.tolist() for b in plan.rank_batches(1, worker_id=1, num_workers=2)]
+    shares = list(groups(plan.rank_batches(1, worker_id=1, num_workers=2), 3))
+    assert [g.indices.tolist() for g in shares] == [
+        sum(mine[i : i + 3], []) for i in range(0, len(mine), 3)
+    ]
+
+
+def test_readahead_counts_batches_not_takes(ids_1003, monkeypatch):
+    """readahead=6, coalesce=3, a take stalls: at most 6 batches (2 takes) held, never more,
+    also while the loop holds the rest of a group it received."""
+    loader = PrefetchLoader(ids_1003, 10, readahead=6, max_in_flight=2, coalesce=3)
+    stalled = threading.Event()
+    original = LanceSource.take
+    slow = sum((loader.epoch_plan().batch(p).indices.tolist() for p in (6, 7, 8)), [])
+    highest = [0]
+    iterator = None
+
+    def take(self, indices):
+        if iterator is not None:
+            highest[0] = max(highest[0], iterator.statistics().held)
+        if np.asarray(indices).tolist() == slow:
+            stalled.wait(1.0)
+        return original(self, indices)
+
+    monkeypatch.setattr(LanceSource, "take", take)
+    iterator = iter(loader)
+    held = []
+    for number, _ in enumerate(iterator):
+        statistics = iterator.statistics()
+        held.append(statistics.held)
+        assert statistics.readahead == 6
+        if number == 40:
+            break
+    iterator.close()
+    # 6 held (2 groups of 3 batches) when a take starts while the group of batches 6-8 stalls
+    assert highest[0] == 6 and max(held) <= 6
+
+
+def test_a_failed_coalesced_take_names_its_batches_after_the_ones_before(ids_1003, monkeypatch):
+    loader = PrefetchLoader(ids_1003, 10, coalesce=3, retry=None)
+    bad = sum((loader.epoch_plan().batch(p).indices.tolist() for p in (3, 4, 5)), [])
+    original = LanceSource.take
+
+    def take(self, indices):
+        if np.asarray(indices).tolist() == bad:
+            raise OSError("disk on fire")
+        return original(self, indices)
+
+    monkeypatch.setattr(LanceSource, "take", take)
+    iterator = iter(loader)
+    received = [next(iterator)["id"].tolist() for _ in range(3)]
+    assert received == expected_rank_ids(loader)[:3]
+    with pytest.raises(BatchLoadError) as info:
+        next(iterator)
+    assert (info.value.position, info.value.num_rows, info.value.attempts) == (3, 30, 1)
+    assert str(info.value).startswith("batches 3-5 (one coalesced take) of epoch 0 (30 rows) from ")
+    assert isinstance(info.value.__cause__, OSError)
+    assert loader.state_dict()["position"] == 3  # resuming reads batch 3 again
+    assert wait_until(lambda: not loop_threads(), timeout=2.0)
+
+
+def test_a_failed_conversion_in_a_group_comes_after_the_batches_before_it(ids_1003):
+    """The transform fails on batch 4 of the group 3-5: batches 0-3 arrive, then the error for
+    batch 4 exactly."""
+    plan_ids = expected_rank_ids(PrefetchLoader(ids_1003, 10))
+    poisoned = plan_ids[4][0]
+
+    def transform(batch):
+        if int(batch["id"][0]) == poisoned:
+            raise ValueError("bad row")
+        return batch
+
+    loader = PrefetchLoader(ids_1003, 10, coalesce=3, transform=transform)
+    iterator = iter(loader)
+    assert [next(iterator)["id"].tolist() for _ in range(4)] == plan_ids[:4]
+    with pytest.raises(BatchLoadError) as info:
+        next(iterator)
+    assert (info.value.position, info.value.num_rows) == (4, 10)
+    assert str(info.value).startswith("batch 4 of epoch 0 (10 rows)")
+    assert isinstance(info.value.__cause__, ValueError)
+    assert loader.state_dict()["position"] == 4
+    with pytest.raises(StopIteration):
+        next(iterator)
+
+
+def test_resuming_mid_group_reads_exactly_the_rest(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, coalesce=4, seed=5)
+    expected = expected_rank_ids(loader)
+    iterator = iter(loader)
+    first = [next(iterator)["id"].tolist() for _ in range(6)]  # group 0 and half of group 1
+    state = loader.state_dict()
+    iterator.close()
+    assert state["position"] == 6
+    resumed = PrefetchLoader(ids_1003, 10, coalesce=3, seed=5)  # another grouping: same batches
+    resumed.load_state_dict(state)
+    assert first + batch_ids(resumed) == expected
+
+
+def test_closing_mid_group_drops_the_rest(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, coalesce=4)
+    iterator = iter(loader)
+    next(iterator)
+    loader.close()
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert wait_until(lambda: not loop_threads(), timeout=2.0)
+
+
+def test_groups_run_concurrently(ids_1003, monkeypatch):
+    """max_in_flight counts takes: with coalesce=2, readahead=8, max_in_flight=4, four takes of
+    two batches each run at once."""
+    loader = PrefetchLoader(ids_1003, 10, coalesce=2, readahead=8, max_in_flight=4)
+    original = LanceSource.take
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def take(self, indices):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return original(self, indices)
+
+    monkeypatch.setattr(LanceSource, "take", take)
+    assert batch_ids(loader) == expected_rank_ids(loader)
+    assert most[0] == 4
+
+
+def test_a_group_is_planned_batches():
+    batch = PlannedBatch(3, np.array([1, 2], dtype=np.uint32))
+    group = Group((batch,), batch.indices)
+    assert (group.position, len(group)) == (3, 1)
