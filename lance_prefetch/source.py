@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any, NoReturn
 from urllib.parse import quote, unquote, urlsplit
@@ -154,6 +154,9 @@ class LanceSource:
         self.columns: tuple[str, ...] = columns
         self.schema: pa.Schema = pa.schema([schema.field(name) for name in columns])
         self.num_rows: int = dataset.count_rows()
+        #: When the pinned version was committed (ISO 8601, from its manifest; ``""`` if Lance
+        #: does not say): with the URI and version, it names the version's rows for caches.
+        self.committed: str = _committed(dataset)
         if self.io == "uring":
             dataset = self._switch_to_uring(dataset)
         self._lock = threading.Lock()
@@ -197,6 +200,52 @@ class LanceSource:
                 f"{self.uri!r} version {self.version}"
             )
         return table
+
+    def scan(self, *, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+        """Every live row of the pinned version once, in offset order (row ``i`` of the
+        concatenation is the row ``take([i])`` reads), projected to :attr:`columns`: a sequential
+        scan, a few large reads per file (on object stores far fewer requests than ``take``).
+
+        Args:
+            batch_rows (int, optional): rows per record batch. Default: ``8192``.
+
+        Raises:
+            ShortReadError: the scan returned another number of rows than :attr:`num_rows`.
+            Exception: Lance's own error from the read (without secret values).
+        """
+        dataset = self._opened()
+        try:
+            with native_call():
+                reader = dataset.scanner(
+                    columns=list(self.columns), batch_size=batch_rows, scan_in_order=True
+                ).to_reader()
+            rows = 0
+            while True:
+                with native_call():
+                    try:
+                        batch = reader.read_next_batch()
+                    except StopIteration:
+                        break
+                rows += batch.num_rows
+                yield batch
+        except Exception as exc:
+            _reraise_scrubbed(exc, self._storage_options)
+        if rows != self.num_rows:
+            raise ShortReadError(
+                f"a scan of {self.uri!r} version {self.version} returned {rows} rows, not "
+                f"{self.num_rows}"
+            )
+
+    def copy_to(self, path: str) -> None:
+        """Write :meth:`scan`'s rows to a new local Lance dataset at ``path`` (same offsets).
+
+        Raises:
+            OSError: ``path`` exists, or the disk is full.
+            Exception: as :meth:`scan`.
+        """
+        reader = pa.RecordBatchReader.from_batches(self.schema, self.scan())
+        with native_call():
+            lance.write_dataset(reader, path, mode="create", max_rows_per_file=1 << 24)
 
     def __repr__(self) -> str:
         return (
@@ -347,6 +396,14 @@ def _scheme(uri: str) -> str:
     drive)."""
     scheme = urlsplit(uri).scheme.lower()
     return scheme if len(scheme) > 1 else ""
+
+
+def _committed(dataset: lance.LanceDataset) -> str:
+    try:
+        timestamp = dataset.get_version()["timestamp"]
+    except Exception:  # older or newer Lance: the version number alone keys caches
+        return ""
+    return timestamp.isoformat() if hasattr(timestamp, "isoformat") else str(timestamp)
 
 
 def _tags(dataset: lance.LanceDataset) -> str:

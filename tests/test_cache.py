@@ -1,0 +1,230 @@
+"""The cache tier: cache="memory" and cache="disk" give exactly the batches of the dataset, from
+one sequential scan; sizes are checked; disk copies are keyed by version and columns, reused,
+and safe to fill from two processes at once; bad values are refused before any I/O."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from helpers import batch_ids, collect, expected_rank_ids
+
+from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch.cache import DiskSource, MemorySource, fixed_row_bytes
+from lance_prefetch.source import LanceSource
+
+CACHES = ["memory", "disk"]
+
+
+def epoch_values(loader, epoch):
+    loader.set_epoch(epoch)
+    return [{name: t.tolist() for name, t in batch.items()} for batch in loader]
+
+
+def count_scans(monkeypatch, uri: str) -> list[int]:
+    """Counts LanceSource.scan calls (each is a fill) and refuses LanceSource.take of ``uri``: a
+    cache that reads the dataset through take is a failure (a disk cache takes from its copy)."""
+    scans = [0]
+    original, original_take = LanceSource.scan, LanceSource.take
+
+    def scan(self, **options):
+        scans[0] += 1
+        return original(self, **options)
+
+    def take(self, indices):
+        assert self.uri != uri, "a cached loader called LanceSource.take on the dataset"
+        return original_take(self, indices)
+
+    monkeypatch.setattr(LanceSource, "scan", scan)
+    monkeypatch.setattr(LanceSource, "take", take)
+    return scans
+
+
+@pytest.mark.parametrize("cache", CACHES)
+def test_a_cache_gives_exactly_the_datasets_batches_from_one_scan(
+    fresh_ids, monkeypatch, tmp_path, cache
+):
+    """Rows deleted in two places (one a whole fragment) shift the offsets: two epochs of the
+    cached loader equal the uncached loader's, ids and vectors, after a single scan."""
+    uri = fresh_ids(1003, rows_per_file=100)
+    dataset = lance.dataset(uri)
+    dataset.delete("id >= 100 and id < 200")  # a whole fragment
+    dataset.delete("id % 7 = 3")
+    plain = PrefetchLoader(uri, 16, seed=4, drop_last=False)
+    expected = [epoch_values(plain, epoch) for epoch in (0, 1)]
+    options = {"cache_dir": tmp_path / "cache"} if cache == "disk" else {}
+    cached = PrefetchLoader(uri, 16, seed=4, drop_last=False, cache=cache, **options)
+    scans = count_scans(monkeypatch, uri)
+    assert [epoch_values(cached, epoch) for epoch in (0, 1)] == expected
+    assert scans[0] == 1 and cached.cache == cache
+    stats = cached.stats()
+    assert stats.cache_hit_ratio == 1.0  # epoch 1: every take served by the filled cache
+
+
+@pytest.mark.parametrize("cache", CACHES)
+def test_the_take_that_fills_the_cache_is_the_only_miss(ids_1003, tmp_path, cache):
+    """One take at a time: the first waits for the fill (a miss), the other 9 are hits."""
+    options = {"cache_dir": tmp_path / "c"} if cache == "disk" else {}
+    loader = PrefetchLoader(
+        ids_1003, 100, readahead=1, max_in_flight=1, coalesce=1, cache=cache, **options
+    )
+    assert batch_ids(loader) == expected_rank_ids(loader)
+    assert loader.stats().cache_hit_ratio == pytest.approx(0.9)
+    assert "cache hits 90.0%" in str(loader.stats())
+    assert PrefetchLoader(ids_1003, 100).stats().cache_hit_ratio is None
+
+
+@pytest.mark.parametrize("cache", CACHES)
+def test_a_cache_through_spawn_workers_and_two_ranks(ids_1003, tmp_path, cache):
+    options = {"cache_dir": tmp_path / "c"} if cache == "disk" else {}
+    for rank in (0, 1):
+        loader = PrefetchLoader(
+            ids_1003, 25, rank=rank, world_size=2, drop_last=False, cache=cache, **options
+        )
+        assert collect(loader, num_workers=2, epoch=3) == expected_rank_ids(loader, epoch=3)
+
+
+def test_memory_cache_size_is_checked_before_any_read(ids_1003, monkeypatch):
+    """Fixed-width columns: id (8) + vector (12) + label (8) = 28 bytes a row, 28,084 in all."""
+    source = LanceSource(ids_1003)
+    assert fixed_row_bytes(source.schema) == 28
+    monkeypatch.setattr(LanceSource, "scan", lambda *a, **k: pytest.fail("scanned"))
+    with pytest.raises(ValueError) as info:
+        PrefetchLoader(ids_1003, 10, cache="memory", cache_bytes=28_000)
+    message = str(info.value)
+    assert "need 28,084 bytes (0.0 MiB), above cache_bytes=28000" in message
+    assert "raise cache_bytes, read fewer columns, or use cache='disk'" in message
+    fits = PrefetchLoader(ids_1003, 10, cache="memory", cache_bytes=28_084, columns=None)
+    assert fits._source.cache_bytes == 28_084
+    narrow = PrefetchLoader(ids_1003, 10, columns=["label"], cache="memory", cache_bytes=8_024)
+    assert narrow._source.cache_bytes == 8_024  # 8 bytes x 1003 rows fit
+
+
+def test_memory_cache_of_variable_width_columns_stops_at_the_budget(tmp_path):
+    table = pa.table({"id": np.arange(2000), "text": [f"row {i} " * 20 for i in range(2000)]})
+    uri = str(tmp_path / "text.lance")
+    lance.write_dataset(table, uri, max_rows_per_file=500)
+    assert fixed_row_bytes(LanceSource(uri).schema) is None
+    loader = PrefetchLoader(uri, 10, columns=["id"], cache="memory")
+    assert batch_ids(loader) == expected_rank_ids(loader)
+    small = PrefetchLoader(uri, 10, columns=["text"], cache="memory", cache_bytes=50_000)
+    with pytest.raises(BatchLoadError) as info:
+        next(iter(small))
+    assert isinstance(info.value.__cause__, MemoryError)
+    assert "need more than that, above cache_bytes=50000" in str(info.value.__cause__)
+    assert small._source.nbytes == 0  # nothing kept
+
+
+def test_memory_cache_pickles_without_its_rows(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, cache="memory")
+    list(loader)
+    assert loader._source.filled and loader._source.nbytes == 1003 * 28
+    clone = pickle.loads(pickle.dumps(loader))
+    assert len(pickle.dumps(loader)) < 10_000
+    assert not clone._source.filled
+    assert batch_ids(clone) == expected_rank_ids(clone)
+
+
+def test_disk_cache_is_keyed_by_version_and_columns_and_reused(fresh_ids, tmp_path, monkeypatch):
+    uri = fresh_ids(300, rows_per_file=100)
+    cache_dir = tmp_path / "cache"
+    first = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir)
+    assert batch_ids(first) == expected_rank_ids(first)
+    copies = sorted(p.name for p in cache_dir.glob("*.lance"))
+    assert len(copies) == 1 and copies[0].startswith("data-v1-")
+    # another loader (another run) reuses the copy: no scan
+    monkeypatch.setattr(LanceSource, "scan", lambda *a, **k: pytest.fail("scanned again"))
+    again = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir, seed=9)
+    assert batch_ids(again) == expected_rank_ids(again)
+    monkeypatch.undo()
+    # another projection and another version each get their own copy, with their own rows
+    narrow = PrefetchLoader(uri, 10, columns=["id"], cache="disk", cache_dir=cache_dir)
+    assert batch_ids(narrow) == expected_rank_ids(narrow)
+    dataset = lance.dataset(uri)
+    dataset.delete("id < 50")
+    newer = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir, drop_last=False)
+    assert newer.version == 2 and newer.num_rows == 250
+    live = list(range(50, 300))
+    assert batch_ids(newer) == [[live[o] for o in b] for b in expected_rank_ids(newer)]
+    names = sorted(p.name for p in cache_dir.glob("*.lance"))
+    assert len(names) == 3 and sum(name.startswith("data-v2-") for name in names) == 1
+    assert not list(cache_dir.glob(".partial-*"))  # no leftovers
+
+
+def _fill_and_read(uri: str, cache_dir: str, seed: int) -> list[list[int]]:
+    loader = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir, seed=seed)
+    return batch_ids(loader)
+
+
+def test_two_processes_filling_one_disk_cache_at_once(fresh_ids, tmp_path):
+    uri = fresh_ids(3000, rows_per_file=500)
+    cache_dir = str(tmp_path / "cache")
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        results = pool.starmap(_fill_and_read, [(uri, cache_dir, 1), (uri, cache_dir, 2)])
+    for seed, ids in zip((1, 2), results, strict=True):
+        assert ids == expected_rank_ids(PrefetchLoader(uri, 10, seed=seed))
+    entries = sorted(os.listdir(cache_dir))
+    assert len([e for e in entries if e.endswith(".lance")]) == 1
+    assert not [e for e in entries if e.startswith(".partial-")]
+    copy = lance.dataset(os.path.join(cache_dir, next(e for e in entries if e.endswith(".lance"))))
+    assert copy.count_rows() == 3000 and copy.to_table(columns=["id"])["id"].to_pylist() == list(
+        range(3000)
+    )
+
+
+def test_disk_cache_default_dir_comes_from_the_environment(ids_1003, tmp_path, monkeypatch):
+    monkeypatch.setenv("LANCE_PREFETCH_CACHE_DIR", str(tmp_path / "env"))
+    loader = PrefetchLoader(ids_1003, 10, cache="disk")
+    assert isinstance(loader._source, DiskSource)
+    assert loader._source.path.parent == tmp_path / "env"
+    assert not (tmp_path / "env").exists()  # nothing written before the first read
+    next(iter(loader))
+    assert loader._source.path.is_dir()
+
+
+def test_caches_read_s3_datasets_by_scan(s3, s3_ids_503, tmp_path):
+    options = s3.storage_options()
+    plain = PrefetchLoader(s3_ids_503, 10, seed=2, drop_last=False, storage_options=options)
+    expected = epoch_values(plain, 0)
+    for cache, extra in (("memory", {}), ("disk", {"cache_dir": tmp_path / "c"})):
+        loader = PrefetchLoader(
+            s3_ids_503, 10, seed=2, drop_last=False, storage_options=options, cache=cache, **extra
+        )
+        assert epoch_values(loader, 0) == expected
+    assert isinstance(loader._source, DiskSource)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"cache": "ram"}, ValueError, r"cache should be 'memory' .* got cache='ram'"),
+        ({"cache": 1}, TypeError, r"cache should be 'memory', 'disk' or None, but got cache=1"),
+        ({"cache_bytes": 10}, ValueError, r"cache_bytes=10 applies to cache='memory' only"),
+        ({"cache": "disk", "cache_bytes": 10}, ValueError, r"applies to cache='memory' only"),
+        (
+            {"cache": "memory", "cache_bytes": 0},
+            ValueError,
+            r"cache_bytes should be an integer >= 1",
+        ),
+        ({"cache": "memory", "cache_bytes": 1.5}, TypeError, r"cache_bytes should be an integer"),
+        ({"cache_dir": "/tmp/x"}, ValueError, r"cache_dir applies to cache='disk' only"),
+        ({"cache": "disk", "cache_dir": 3}, TypeError, r"cache_dir should be a path"),
+    ],
+)
+def test_bad_cache_options_are_refused_before_any_io(options, error, match):
+    with pytest.raises(error, match=match):
+        PrefetchLoader("/nonexistent/data.lance", 10, **options)
+
+
+def test_memory_source_takes_check_offsets(ids_1003):
+    source = MemorySource(LanceSource(ids_1003), 1 << 20)
+    with pytest.raises(IndexError, match=r"row offsets must be in \[0, 1003\)"):
+        source.take(np.array([0, 1003]))
+    assert not source.filled  # refused before the fill
+    assert source.take(np.array([5, 1, 5]))["id"].to_pylist() == [5, 1, 5]
