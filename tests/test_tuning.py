@@ -1,0 +1,188 @@
+"""Self-tuning readahead: the tuner's decisions on synthetic measurements (grow while the loop
+waits, step back at a plateau, shrink when calm, stay inside the caps), a prefetcher resized
+while running, and a loader with readahead="auto" that grows its depth against slow takes and
+still delivers exactly the plan."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from helpers import batch_ids, expected_rank_ids
+
+from lance_prefetch import PrefetchLoader
+from lance_prefetch.scheduling import BlockingPrefetcher
+from lance_prefetch.source import LanceSource
+from lance_prefetch.tuning import CALM_PERIODS, MAX_LEVEL, PROBE_PERIODS, DepthTuner, check_depth
+
+
+def make_tuner(**options) -> DepthTuner:
+    settings = dict(
+        coalesce=1, readahead=None, max_in_flight=None, max_buffer_bytes=1 << 30,
+        row_bytes=100.0, batch_size=100, level=4, period_s=1.0,
+    )  # fmt: skip
+    settings.update(options)
+    return DepthTuner(**settings)
+
+
+class Feed:
+    """Drives a tuner with periods of 1 s: each with a wait fraction and a rows/s."""
+
+    def __init__(self, tuner: DepthTuner) -> None:
+        self.tuner, self.now, self.waited, self.rows = tuner, 0.0, 0.0, 0
+        tuner.observe(self.now, 0.0, 0, 0, 0)
+
+    def period(self, wait: float, rate: float):
+        self.now += 1.0
+        self.waited += wait
+        self.rows += int(rate)
+        return self.tuner.observe(self.now, self.waited, self.rows, self.rows * 100, self.rows)
+
+
+def test_grows_while_waiting_and_steps_back_at_the_plateau():
+    """Throughput rises with the level up to 8 takes, then stays: 4 -> 8 -> 16, back to 8."""
+    tuner = make_tuner()
+    feed = Feed(tuner)
+    levels = []
+    for _ in range(4):
+        feed.period(0.5, min(tuner.level, 8) * 1000.0)
+        levels.append(tuner.level)
+    assert levels == [8, 16, 8, 8]
+    assert tuner.bounds().readahead == 9 and tuner.bounds().max_in_flight == 8
+    assert tuner.ceiling == 8
+    for _ in range(PROBE_PERIODS):  # after the probe periods it tries higher again
+        feed.period(0.5, min(tuner.level, 8) * 1000.0)
+    assert 16 in {tuner.level} or tuner.ceiling is not None
+
+
+def test_shrinks_by_one_after_calm_periods_and_regrows_when_waiting():
+    tuner = make_tuner(level=8)
+    feed = Feed(tuner)
+    for _ in range(CALM_PERIODS - 1):
+        assert feed.period(0.0, 5000.0) is None
+    bounds = feed.period(0.0, 5000.0)
+    assert tuner.level == 7 and bounds.max_in_flight == 7 and bounds.readahead == 8
+    feed.period(0.3, 4000.0)
+    assert tuner.level == 14
+
+
+def test_no_decision_within_a_period_and_small_waits_change_nothing():
+    tuner = make_tuner()
+    tuner.observe(0.0, 0.0, 0, 0, 0)
+    assert tuner.observe(0.5, 0.4, 100, 0, 0) is None  # the period is not over
+    assert tuner.observe(1.0, 0.4, 200, 0, 0) is not None and tuner.level == 8  # 40% waited
+    assert tuner.observe(2.0, 0.41, 300, 0, 0) is None and tuner.level == 8  # 1% waited
+
+
+def test_caps_bound_the_level():
+    """max_buffer_bytes: 1 MiB of 10 KiB batches (100 rows x 100 bytes) holds 104 batches; with
+    coalesce=8 that is 13 takes, minus one being consumed: at most 12 in flight."""
+    tuner = make_tuner(max_buffer_bytes=1 << 20, coalesce=8)
+    feed = Feed(tuner)
+    for _ in range(6):
+        feed.period(0.9, tuner.level * 1000.0)  # always pays: only the caps stop it
+    assert tuner.level == 12 and tuner.bounds().readahead == 13 * 8
+    fixed = make_tuner(readahead=10, coalesce=2)  # readahead fixed: at most 5 takes
+    feed = Feed(fixed)
+    for _ in range(6):
+        feed.period(0.9, fixed.level * 1000.0)
+    assert fixed.bounds().readahead == 10 and fixed.bounds().max_in_flight == 5
+    unbounded = make_tuner(max_buffer_bytes=1 << 40)
+    feed = Feed(unbounded)
+    for _ in range(10):
+        feed.period(0.9, unbounded.level * 1000.0)
+    assert unbounded.level == MAX_LEVEL
+    pinned = make_tuner(max_in_flight=3)  # max_in_flight fixed: the readahead follows it
+    assert pinned.bounds().max_in_flight == 3 and pinned.bounds().readahead == 4
+
+
+def test_row_bytes_are_learnt_from_the_reads():
+    tuner = make_tuner(row_bytes=None, max_buffer_bytes=50_000)
+    assert tuner.level == 4  # nothing known yet: no byte cap
+    tuner.observe(0.0, 0.0, 0, 10_000, 100)  # 100 bytes a row, 10 KB a batch: 5 batches fit
+    assert tuner.row_bytes == 100.0 and tuner.bounds().max_in_flight == 4
+    Feed(tuner).period(0.9, 1000.0)
+    assert tuner.bounds().readahead <= 5
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [("max", TypeError), (0, ValueError), (2.5, TypeError), (None, TypeError)]
+)
+def test_bad_depths(value, error):
+    match = "readahead should be an integer or 'auto'" if error is TypeError else ">= 1"
+    with pytest.raises(error, match=match):
+        check_depth("readahead", value)
+    with pytest.raises(error, match=match):
+        PrefetchLoader("/nonexistent.lance", 4, readahead=value)
+
+
+def test_max_buffer_bytes_is_checked():
+    with pytest.raises(ValueError, match="max_buffer_bytes should be an integer >= 1"):
+        PrefetchLoader("/nonexistent.lance", 4, max_buffer_bytes=0)
+
+
+def test_a_running_prefetcher_grows_and_shrinks():
+    """Items block until released: with readahead 2 two are held; resized to 6, six; resized to
+    3, no new item starts until fewer than 3 are held."""
+    gate = threading.Event()
+    started = []
+
+    def fetch(item):
+        started.append(item)
+        gate.wait(10)
+        return item
+
+    iterator = BlockingPrefetcher(iter(range(100)), fetch, readahead=2, max_in_flight=2)
+    try:
+        time.sleep(0.2)
+        assert iterator.statistics().held == 2
+        iterator.resize(6, 6)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            statistics = iterator.statistics()
+            if (statistics.held, statistics.in_flight) == (6, 6):
+                break
+            time.sleep(0.01)
+        assert (statistics.held, statistics.in_flight, statistics.readahead) == (6, 6, 6)
+        iterator.resize(3, 1)
+        gate.set()
+        values = [next(iterator) for _ in range(4)]  # 4 received: 2 owed to the shrink repaid
+        assert values == [0, 1, 2, 3]
+        time.sleep(0.2)
+        assert iterator.statistics().held <= 3
+        assert list(iterator) == list(range(4, 100))
+    finally:
+        gate.set()
+        iterator.close()
+
+
+def test_auto_readahead_grows_against_slow_takes_and_reads_exactly(ids_1003, monkeypatch):
+    """Every take sleeps 30 ms (I/O-like: the GIL is free) and the loop does nothing: the loader
+    starts at 4 takes in flight and grows; the batches are the plan's."""
+    original = LanceSource.take
+
+    def take(self, indices):
+        time.sleep(0.03)
+        return original(self, indices)
+
+    monkeypatch.setattr(LanceSource, "take", take)
+    loader = PrefetchLoader(
+        ids_1003, 2, readahead="auto", max_in_flight="auto", coalesce=1, drop_last=False
+    )
+    loader._tuner.period_s = 0.1
+    seen = []
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        seen.append(loader.stats().max_in_flight)
+    assert batch_ids(batches) == expected_rank_ids(loader)
+    assert seen[0] == 4 and max(seen) >= 8
+    level = loader._tuner.level
+    assert level >= 8
+    loader.set_epoch(1)  # the next iteration starts where this one ended
+    iterator = iter(loader)
+    next(iterator)
+    assert loader.stats().max_in_flight == level
+    iterator.close()
+    assert repr(loader).count("readahead='auto', max_in_flight='auto'") == 1
