@@ -7,6 +7,9 @@ map-style :class:`LanceMapDataset` with its :func:`collate`. The modules underne
 (each epoch's order, materialised or computed lazily), :mod:`~lance_prefetch.epochs` (which
 epoch each iteration reads, across processes), :mod:`~lance_prefetch.state` (checkpoint state),
 :mod:`~lance_prefetch.scheduling` (concurrent fetches, bounded readahead),
+:mod:`~lance_prefetch.coalesce` (several batches per ``take``),
+:mod:`~lance_prefetch.tuning` (``readahead="auto"``),
+:mod:`~lance_prefetch.cache` (``cache="memory"``/``"disk"``: epochs served from one scan),
 :mod:`~lance_prefetch.retry` (which read errors are retried, and how),
 :mod:`~lance_prefetch.telemetry` (rows/s, waiting, take latency),
 :mod:`~lance_prefetch.source` (Lance I/O), :mod:`~lance_prefetch.convert` (Arrow to torch),

@@ -7,6 +7,7 @@ them concurrently in the background and :mod:`~lance_prefetch.convert` turns eac
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -25,6 +26,8 @@ from ._exit_guard import native_call
 from ._ranks import resolve_rank
 from ._storage import redact_uri
 from ._validate import check_bool, check_int
+from .cache import check_cache, fixed_row_bytes, open_cache
+from .coalesce import TARGET_ROWS, Group, check_coalesce, coalesce_size, groups, split
 from .convert import check_schema, to_tensors
 from .epochs import MAX_EPOCH, Decision, EpochControl, Progress, iteration_ident
 from .permutation import resolve_kind
@@ -34,6 +37,7 @@ from .scheduling import BlockingPrefetcher, FetchError, check_depths
 from .source import LanceSource, redact
 from .state import check_state, end_position, make_state
 from .telemetry import LoaderStats, Telemetry
+from .tuning import DEFAULT_MAX_BUFFER_BYTES, DepthTuner, check_depth
 
 __all__ = ["BatchLoadError", "PrefetchLoader"]
 
@@ -67,11 +71,14 @@ class PrefetchLoader(IterableDataset):
         columns (Sequence[str], optional): columns to read. Default: ``None``, all columns.
         seed (int, optional): base seed of every epoch's permutation, ``>= 0``; must be the same on
             every rank. Default: ``0``.
-        readahead (int, optional): the most batches held by this iterator at once, counting
-            ``take`` calls in flight and batches read but not yet handed to the loop, ``>= 1``.
-            Memory is about ``readahead`` batches. Default: ``8``.
-        max_in_flight (int, optional): the most ``take`` calls running at once,
-            ``1 <= max_in_flight <= readahead``. Default: ``4``.
+        readahead (int | str, optional): the most batches held by this iterator at once,
+            counting those of ``take`` calls in flight and batches read but not yet handed to the
+            loop, ``>= 1``. Memory is about ``readahead`` batches. ``"auto"``: chosen while
+            reading from the measured wait and rows/s, within ``max_buffer_bytes``
+            (:mod:`lance_prefetch.tuning`). Default: ``8``.
+        max_in_flight (int | str, optional): the most ``take`` calls running at once,
+            ``1 <= max_in_flight``, and ``<= readahead`` when both are numbers. ``"auto"``: tuned
+            like ``readahead``. Default: ``4``.
         drop_last (bool, optional): ``True``: every batch is full and no row repeats, the
             permutation's tail is left out; ``False``: every row is delivered, padded by wrapping
             around, and each rank's last batch may be short. Default: ``True``.
@@ -105,6 +112,29 @@ class PrefetchLoader(IterableDataset):
         log_every (float, optional): every this many seconds, log :meth:`stats` (one line, INFO,
             logger ``"lance_prefetch.stats"``) from ``next()``; in DataLoader workers each worker
             logs its own. Default: ``None``, no logging (:meth:`stats` still works).
+        coalesce (int | str, optional): batches read by one ``take``: that many consecutive
+            batches of this worker's plan are read together and split back into batches, each
+            with exactly its rows in its order (a take's fixed cost, ~3 ms on the development
+            machine, is paid once for them). ``"auto"``: ``ceil(1024 / batch_size)``, at most
+            ``readahead // 2``, at least 1 (:mod:`lance_prefetch.coalesce`). ``1``: one take per
+            batch. An int must be ``<= readahead``: the batches of a take all count against
+            ``readahead``, and ``max_in_flight`` counts takes. The resolved value is
+            :attr:`coalesce`. Default: ``"auto"``.
+        cache (str, optional): ``"memory"``: read the projected columns of the pinned version
+            once with a sequential scan (on the first ``take`` in each process) and serve every
+            batch from memory (Arrow ``take``), one copy per process; ``"disk"``: copy them once
+            to a local Lance dataset under ``cache_dir`` (reused across runs and shared by
+            processes) and take from it. Same rows, same order as without a cache
+            (:mod:`lance_prefetch.cache`). Default: ``None``, no cache.
+        cache_bytes (int, optional): with ``cache="memory"``, the most bytes the rows may take
+            (checked before any read for fixed-width columns, during the scan otherwise).
+            Default: ``None``, half of the machine's physical memory.
+        cache_dir (str | os.PathLike, optional): with ``cache="disk"``, the folder of the copies.
+            Default: ``None``, ``$LANCE_PREFETCH_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or
+            ``~/.cache``, then ``lance-prefetch``.
+        max_buffer_bytes (int, optional): with ``readahead="auto"``, the most bytes of batches
+            read ahead (Arrow bytes, learnt from the reads when the columns are not fixed-width).
+            Default: 256 MiB.
         io (str, optional): how local files are read: ``"default"``, Lance's reader, or
             ``"uring"``, its io_uring reader (2-3x faster random takes on the development
             machine, identical rows; local datasets only). If the kernel refuses io_uring, a
@@ -122,7 +152,10 @@ class PrefetchLoader(IterableDataset):
     Raises:
         TypeError: an argument has the wrong type (e.g. ``batch_size=2.0`` or ``drop_last=1``), or
             a column's Arrow type has no tensor form.
-        ValueError: an argument is out of range, ``max_in_flight > readahead``, ``rank`` is outside
+        ValueError: an argument is out of range, ``max_in_flight > readahead``, ``coalesce >
+            readahead``, ``cache`` is not ``"memory"``/``"disk"``, ``cache_bytes`` or
+            ``cache_dir`` without their cache, the projected fixed-width columns need more than
+            ``cache_bytes`` with ``cache="memory"``, ``rank`` is outside
             ``[0, world_size)``, a column or ``version`` does not exist, the dataset has no rows,
             ``drop_last=True`` and it has fewer than ``batch_size * world_size`` rows, or an S3
             endpoint in ``storage_options`` is not an ``http(s)://`` URL or is plain ``http``
@@ -152,8 +185,8 @@ class PrefetchLoader(IterableDataset):
         *,
         columns: Sequence[str] | None = None,
         seed: int = 0,
-        readahead: int = 8,
-        max_in_flight: int = 4,
+        readahead: int | str = 8,
+        max_in_flight: int | str = 4,
         drop_last: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
@@ -164,12 +197,38 @@ class PrefetchLoader(IterableDataset):
         permutation: str = "auto",
         io: str | None = None,
         log_every: float | None = None,
+        coalesce: int | str = "auto",
+        cache: str | None = None,
+        cache_bytes: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
     ) -> None:
         super().__init__()
         # Everything that needs no I/O is checked first.
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.seed = check_int("seed", seed, minimum=0)
-        self.readahead, self.max_in_flight = check_depths(readahead, max_in_flight)
+        readahead = check_depth("readahead", readahead)
+        max_in_flight = check_depth("max_in_flight", max_in_flight)
+        if isinstance(readahead, int) and isinstance(max_in_flight, int):
+            check_depths(readahead, max_in_flight)
+        #: ``readahead`` and ``max_in_flight`` as given (an int, or ``"auto"``).
+        self.readahead, self.max_in_flight = readahead, max_in_flight
+        self.max_buffer_bytes = check_int("max_buffer_bytes", max_buffer_bytes, minimum=1)
+        cache = check_cache(cache)
+        if cache_bytes is not None:
+            cache_bytes = check_int("cache_bytes", cache_bytes, minimum=1)
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir should be a path (str or os.PathLike), got {cache_dir!r}")
+        if cache != "memory" and cache_bytes is not None:
+            raise ValueError(
+                f"cache_bytes={cache_bytes} applies to cache='memory' only, but cache={cache!r}; "
+                f"pass cache='memory' or leave cache_bytes out"
+            )
+        if cache != "disk" and cache_dir is not None:
+            raise ValueError(
+                f"cache_dir applies to cache='disk' only, but cache={cache!r}; pass "
+                f"cache='disk' or leave cache_dir out"
+            )
         self.drop_last = check_bool("drop_last", drop_last)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         if transform is not None and not callable(transform):
@@ -179,6 +238,7 @@ class PrefetchLoader(IterableDataset):
         self.retry = retry
         resolve_kind(permutation, 1)  # checked before any I/O; resolved once num_rows is known
         self.log_every = _check_log_every(log_every)
+        coalesce = check_coalesce(coalesce)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._iterations = 0  # iterations started by this copy (identifies a worker's iteration)
@@ -187,10 +247,33 @@ class PrefetchLoader(IterableDataset):
         self._progress: Progress | None = None  # the latest iteration in this process
         self._iterators: weakref.WeakSet[BlockingPrefetcher[Any]] = weakref.WeakSet()
 
-        self._source = LanceSource(
+        lance_source = LanceSource(
             source, columns=columns, version=version, storage_options=storage_options, io=io
         )
-        check_schema(self._source.schema)
+        check_schema(lance_source.schema)
+        #: ``"memory"``, ``"disk"`` or ``None``: where batches are served from (see
+        #: :mod:`lance_prefetch.cache`).
+        self.cache = cache
+        self._source = open_cache(lance_source, cache, cache_bytes=cache_bytes, cache_dir=cache_dir)
+        row_bytes = fixed_row_bytes(lance_source.schema)
+        if isinstance(self.readahead, int):
+            limit = self.readahead
+        elif row_bytes:  # "auto": what max_buffer_bytes holds
+            limit = max(self.max_buffer_bytes // max(row_bytes * self.batch_size, 1), 1)
+        else:
+            limit = 2 * TARGET_ROWS
+        #: Batches read by one ``take`` (``coalesce`` resolved; see :mod:`lance_prefetch.coalesce`).
+        self.coalesce = coalesce_size(coalesce, self.batch_size, limit)
+        self._tuner: DepthTuner | None = None
+        if "auto" in (self.readahead, self.max_in_flight):
+            self._tuner = DepthTuner(
+                coalesce=self.coalesce,
+                readahead=None if self.readahead == "auto" else self.readahead,  # type: ignore[arg-type]
+                max_in_flight=None if self.max_in_flight == "auto" else self.max_in_flight,  # type: ignore[arg-type]
+                max_buffer_bytes=self.max_buffer_bytes,
+                row_bytes=row_bytes,
+                batch_size=self.batch_size,
+            )
         if self._source.num_rows == 0:
             raise ValueError(
                 f"source: the dataset {self._source.uri!r} has no rows at version "
@@ -454,17 +537,25 @@ class PrefetchLoader(IterableDataset):
         self._progress = progress
         telemetry = Telemetry(plan.epoch, None if worker is None else worker_id)
         self._telemetry = telemetry
+        if self._tuner is None:
+            readahead, max_in_flight = self.readahead, self.max_in_flight
+        else:  # from the level the previous iteration in this process ended at
+            self._tuner.restart()
+            bounds = self._tuner.bounds()
+            readahead, max_in_flight = bounds.readahead, bounds.max_in_flight
         iterator = _Iteration(
-            batches,
+            groups(batches, self.coalesce),
             functools.partial(self._read, telemetry),
             functools.partial(self._convert, plan.epoch),
             progress,
             functools.partial(self._read_error, plan.epoch),
             telemetry,
             self.log_every,
-            readahead=self.readahead,
-            max_in_flight=self.max_in_flight,
+            self._tuner,
+            readahead=readahead,
+            max_in_flight=max_in_flight,
             retry=self.retry,
+            size=len,
         )
         self._iterators.add(iterator)
         return iterator
@@ -482,23 +573,34 @@ class PrefetchLoader(IterableDataset):
         telemetry = self._telemetry
         return LoaderStats() if telemetry is None else telemetry.snapshot()
 
-    def _read(self, telemetry: Telemetry, batch: PlannedBatch) -> Any:
-        """Read one batch's rows (runs in a worker thread; retried by :attr:`retry`)."""
+    def _read(self, telemetry: Telemetry, group: Group) -> Any:
+        """Read the rows of a group of batches with one ``take`` (runs in a worker thread;
+        retried by :attr:`retry`)."""
+        cached = getattr(self._source, "filled", None)  # a cache: whether it is filled already
         started = time.perf_counter()
-        table = self._source.take(batch.indices)
-        telemetry.record_take(time.perf_counter() - started, table.nbytes)
+        table = self._source.take(group.indices)
+        telemetry.record_take(
+            time.perf_counter() - started, table.nbytes, rows=table.num_rows, cached=cached
+        )
         return table
 
-    def _convert(self, epoch: int, batch: PlannedBatch, table: Any) -> tuple[int, Any]:
-        """Convert and transform one batch read by :meth:`_read` (same thread; not retried);
-        returns ``(rows, batch)``."""
-        try:
-            with native_call():  # a transform may run native code (torch) with the GIL released
-                tensors = to_tensors(table)
-                rows = table.num_rows
-                return rows, (tensors if self.transform is None else self.transform(tensors))
-        except Exception as exc:
-            raise self._batch_error(epoch, batch, exc, "in conversion or transform") from exc
+    def _convert(self, epoch: int, group: Group, table: Any) -> list[Any]:
+        """Split a group read by :meth:`_read` into its batches, convert and transform each (same
+        thread; not retried): a list of ``(rows, batch)``, or of the :class:`BatchLoadError` of a
+        batch that failed (its batches before it are still delivered)."""
+        results: list[Any] = []
+        for batch, piece in zip(group.batches, split(table, group), strict=True):
+            try:
+                with native_call():  # a transform may run native code (torch), GIL released
+                    tensors = to_tensors(piece)
+                    converted = tensors if self.transform is None else self.transform(tensors)
+            except Exception as exc:
+                error = self._batch_error(epoch, batch, exc, "in conversion or transform")
+                error.__cause__ = exc
+                results.append(error)
+                break
+            results.append((piece.num_rows, converted))
+        return results
 
     def _read_error(self, epoch: int, error: FetchError) -> BatchLoadError:
         """The error a batch whose read failed for good reaches the training loop as."""
@@ -512,15 +614,18 @@ class PrefetchLoader(IterableDataset):
     def _batch_error(
         self,
         epoch: int,
-        batch: PlannedBatch,
+        batch: PlannedBatch | Group,
         error: BaseException | None,
         how: str,
         *,
         attempts: int | None = None,
     ) -> BatchLoadError:
         uri = redact_uri(self.uri)
+        what = f"batch {batch.position}"
+        if isinstance(batch, Group) and len(batch) > 1:  # one take read them all
+            what = f"batches {batch.position}-{batch.batches[-1].position} (one coalesced take)"
         return BatchLoadError(
-            f"batch {batch.position} of epoch {epoch} ({_rows(len(batch.indices))}) from "
+            f"{what} of epoch {epoch} ({_rows(len(batch.indices))}) from "
             f"{uri!r} version {self.version} failed {how}: {type(error).__name__}: {error}",
             epoch=epoch,
             position=batch.position,
@@ -562,8 +667,9 @@ class PrefetchLoader(IterableDataset):
         return (
             f"PrefetchLoader({self.uri!r}, batch_size={self.batch_size}, "
             f"columns={list(self.columns)}, version={self.version}, num_rows={self.num_rows}, "
-            f"seed={self.seed}, epoch={self.epoch}, readahead={self.readahead}, "
-            f"max_in_flight={self.max_in_flight}, drop_last={self.drop_last}, rank={self.rank}, "
+            f"seed={self.seed}, epoch={self.epoch}, readahead={self.readahead!r}, "
+            f"max_in_flight={self.max_in_flight!r}, coalesce={self.coalesce}, "
+            f"cache={self.cache!r}, drop_last={self.drop_last}, rank={self.rank}, "
             f"world_size={self.world_size}, retry={self.retry!r}, io={self.io!r}, "
             f"storage_options={redact(self._source._storage_options)})"
         )
@@ -602,6 +708,7 @@ class _Iteration(BlockingPrefetcher[Any]):
         read_error: Callable[[FetchError], BatchLoadError],
         telemetry: Telemetry,
         log_every: float | None,
+        tuner: DepthTuner | None,
         **options: Any,
     ) -> None:
         # Set before the prefetcher starts: a Ctrl-C held back during its start is raised at the
@@ -610,23 +717,44 @@ class _Iteration(BlockingPrefetcher[Any]):
         self._read_error = read_error
         self._telemetry = telemetry
         self._log_every = log_every
+        self._tuner = tuner
         self._next_log = None if log_every is None else telemetry.started + log_every
+        self._pending: collections.deque[Any] = collections.deque()  # the rest of a group
         super().__init__(items, fetch, process=process, **options)
         telemetry.attach(_counters_of(weakref.ref(self)))  # weak: the loader keeps telemetry
 
     def __next__(self) -> Any:
         started = self._telemetry.begin_wait()
         try:
-            rows, item = super().__next__()
+            if self._pending and os.getpid() == self._pid:  # the rest of a group already read
+                # (in a forked copy, super().__next__() refuses instead)
+                result = self._pending.popleft()
+                self.release(1)
+            else:
+                results = super().__next__()
+                result = results[0]
+                self._pending.extend(results[1:])
+            if isinstance(result, BatchLoadError):  # the batches before it were delivered
+                self.close(wait=False)
+                raise result
         except FetchError as error:
             self._telemetry.end()
             raise self._read_error(error) from error.__cause__
         except BaseException:
             self._telemetry.end()
             raise
+        rows, item = result
         now = self._telemetry.clock()
         self._telemetry.record_batch(rows, now - started)
         self._progress.delivered += 1
+        tuner = self._tuner
+        if tuner is not None:
+            telemetry = self._telemetry
+            bounds = tuner.observe(
+                now, telemetry.waited, telemetry.rows, telemetry.bytes, telemetry.rows_read
+            )
+            if bounds is not None:
+                self.resize(bounds.readahead, bounds.max_in_flight)
         if self._next_log is not None and now >= self._next_log:
             self._next_log = now + self._log_every  # type: ignore[operator]
             _stats_logger.info("%s", self._telemetry.snapshot())
@@ -634,19 +762,27 @@ class _Iteration(BlockingPrefetcher[Any]):
 
     def close(self, *, wait: bool = True) -> None:
         self._telemetry.end()
+        self._pending.clear()  # batches read but never delivered (their tokens die with the loop)
         super().close(wait=wait)
 
 
 def _counters_of(
     iteration: weakref.ref[_Iteration],
-) -> Callable[[], tuple[int, int, int] | None]:
-    """(queue depth, takes in flight, retries) of a live iteration, for its telemetry."""
+) -> Callable[[], tuple[int, ...] | None]:
+    """(queue depth, takes in flight, retries, readahead, max_in_flight) of a live iteration,
+    for its telemetry."""
 
-    def counters() -> tuple[int, int, int] | None:
+    def counters() -> tuple[int, ...] | None:
         live = iteration()
         if live is None:
             return None
         statistics = live.statistics()
-        return statistics.ready, statistics.in_flight, statistics.retries
+        return (
+            statistics.ready,
+            statistics.in_flight,
+            statistics.retries,
+            statistics.readahead,
+            statistics.max_in_flight,
+        )
 
     return counters

@@ -62,6 +62,13 @@ class LoaderStats:
         take_ms_p95 (float): their 95th percentile, ms.
         take_ms_p99 (float): their 99th percentile, ms.
         retries (int): take attempts after a failed or timed-out one.
+        cache_hit_ratio (float | None): fraction of the rows taken that the cache served
+            (``cache="memory"``/``"disk"``; a take that waited for the cache's fill is a miss);
+            ``None`` without a cache or before the first take.
+        readahead (int): the readahead bound now, in batches (it moves with
+            ``readahead="auto"``); 0 once the iteration is over.
+        max_in_flight (int): the in-flight bound now, in takes (moves with
+            ``max_in_flight="auto"``); 0 once the iteration is over.
         window_s (float): the recent window's length, seconds.
     """
 
@@ -82,17 +89,26 @@ class LoaderStats:
     take_ms_p95: float = math.nan
     take_ms_p99: float = math.nan
     retries: int = 0
+    cache_hit_ratio: float | None = None
+    readahead: int = 0
+    max_in_flight: int = 0
     window_s: float = WINDOW_S
 
     def __str__(self) -> str:
         where = "" if self.worker_id is None else f" worker {self.worker_id}"
+        cache = "" if self.cache_hit_ratio is None else f", cache hits {self.cache_hit_ratio:.1%}"
+        depths = (
+            f", readahead {self.readahead}/in flight max {self.max_in_flight}"
+            if self.readahead
+            else ""
+        )
         return (
             f"epoch {self.epoch}{where}: {self.batches} batches, {self.rows_per_s:,.0f} rows/s "
             f"({self.rows_per_s_total:,.0f} total), {self.mib_per_s:.1f} MiB/s, waited "
             f"{self.wait_fraction:.1%} ({self.wait_fraction_total:.1%} total), queue "
             f"{self.queue_depth}, in flight {self.in_flight}, take p50/p95/p99 "
             f"{self.take_ms_p50:.1f}/{self.take_ms_p95:.1f}/{self.take_ms_p99:.1f} ms, retries "
-            f"{self.retries}"
+            f"{self.retries}{cache}{depths}"
         )
 
 
@@ -131,13 +147,17 @@ class Telemetry:
         self._takes: deque[tuple[float, int]] = deque()  # (time, bytes before)
         self._latencies = np.full(LATENCIES, np.nan)
         self._next_latency = 0
-        self._counters: Callable[[], tuple[int, int, int] | None] | None = None
+        self._counters: Callable[[], tuple[int, ...] | None] | None = None
         self._retries = 0
+        self.rows_read = 0  # rows read by takes
+        self.rows_taken = 0  # rows read by takes that said whether the cache served them
+        self.rows_cached = 0
         self._waiting_since: float | None = None  # next() is waiting for a batch since then
 
-    def attach(self, counters: Callable[[], tuple[int, int, int] | None]) -> None:
-        """Where :meth:`snapshot` gets ``(queue_depth, in_flight, retries)`` from while the
-        iteration runs (``None`` once it is gone: keep no strong reference to it here)."""
+    def attach(self, counters: Callable[[], tuple[int, ...] | None]) -> None:
+        """Where :meth:`snapshot` gets ``(queue_depth, in_flight, retries, readahead,
+        max_in_flight)`` from while the iteration runs (``None`` once it is gone: keep no strong
+        reference to it here)."""
         self._counters = counters
 
     def begin_wait(self) -> float:
@@ -159,10 +179,17 @@ class Telemetry:
             self.rows += rows
             self.waited += waited_s
 
-    def record_take(self, seconds: float, nbytes: int) -> None:
-        """A take returned ``nbytes`` Arrow bytes after ``seconds`` (from a worker thread)."""
+    def record_take(
+        self, seconds: float, nbytes: int, *, rows: int = 0, cached: bool | None = None
+    ) -> None:
+        """A take returned ``nbytes`` Arrow bytes (``rows`` rows) after ``seconds`` (from a
+        worker thread); ``cached``: whether a cache served it (``None``: no cache)."""
         now = self.clock()
         with self._lock:
+            self.rows_read += rows
+            if cached is not None:
+                self.rows_taken += rows
+                self.rows_cached += rows if cached else 0
             self._takes.append((now, self.bytes))
             _expire(self._takes, now - self.window_s)
             self.bytes += nbytes
@@ -177,10 +204,10 @@ class Telemetry:
             self._read_counters()
             self._counters = None  # nothing is queued or in flight for the user any more
 
-    def _read_counters(self) -> tuple[int, int, int]:
+    def _read_counters(self) -> tuple[int, ...]:
         counters = None if self._counters is None else self._counters()
         if counters is None:
-            return 0, 0, self._retries
+            return 0, 0, self._retries, 0, 0
         self._retries = counters[2]
         return counters
 
@@ -200,6 +227,7 @@ class Telemetry:
             recent_bytes = 0 if first_take is None else self.bytes - first_take[1]
             total_bytes = self.bytes
             latencies = self._latencies[~np.isnan(self._latencies)] * 1000.0
+            hits = self.rows_cached / self.rows_taken if self.rows_taken else None
         waiting_since = self._waiting_since
         if waiting_since is not None and self.ended is None:  # a wait still going on
             waited += max(now - waiting_since, 0.0)
@@ -208,7 +236,7 @@ class Telemetry:
             p50, p95, p99 = (float(v) for v in np.percentile(latencies, [50, 95, 99]))
         else:
             p50 = p95 = p99 = math.nan
-        queue_depth, in_flight, retries = self._read_counters()
+        queue_depth, in_flight, retries, readahead, max_in_flight = self._read_counters()
         return LoaderStats(
             epoch=self.epoch,
             worker_id=self.worker_id,
@@ -227,6 +255,9 @@ class Telemetry:
             take_ms_p95=p95,
             take_ms_p99=p99,
             retries=retries,
+            cache_hit_ratio=hits,
+            readahead=readahead,
+            max_in_flight=max_in_flight,
             window_s=self.window_s,
         )
 

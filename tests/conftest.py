@@ -3,6 +3,7 @@ a real S3-compatible server on 127.0.0.1 (started on first use, stopped at the e
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -116,4 +117,34 @@ def permutation_kind(request, monkeypatch):
         monkeypatch.setattr(permutation, "LAZY_THRESHOLD", 0)
         monkeypatch.setattr(permutation, "CHUNK_ROWS", 32)
         monkeypatch.setattr(sampling, "CHUNK_ROWS", 50)
+    return request.param
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Disk caches (``cache="disk"`` without ``cache_dir``) go to a folder of this session, also
+    in spawned processes (through the environment), never to the user's ``~/.cache``."""
+    path = tmp_path_factory.mktemp("cache")
+    os.environ["LANCE_PREFETCH_CACHE_DIR"] = str(path)
+    return path
+
+
+#: How a test marked ``@exact`` (``helpers.exact``) reads: PrefetchLoader's defaults for it.
+READ_MODES = {
+    "coalesced": {},  # the defaults: coalesce="auto", no cache
+    "per-take": {"coalesce": 1},
+    "memory": {"cache": "memory"},
+    "disk": {"cache": "disk"},
+}
+
+
+@pytest.fixture(params=list(READ_MODES))
+def read_mode(request, monkeypatch):
+    """Run a test with each way of reading (:data:`READ_MODES`): every ``PrefetchLoader`` the
+    test builds in this process takes these as its defaults (copies pickled into DataLoader
+    workers carry them along); arguments the test passes still win."""
+    from lance_prefetch import PrefetchLoader
+
+    defaults = {**PrefetchLoader.__init__.__kwdefaults__, **READ_MODES[request.param]}
+    monkeypatch.setattr(PrefetchLoader.__init__, "__kwdefaults__", defaults)
     return request.param

@@ -7,11 +7,16 @@ import signal
 import threading
 import time
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
 from lance_prefetch.scheduling import THREAD_NAME
+
+#: Marks a test that checks exact batches: it runs once per read mode (``conftest.READ_MODES``:
+#: coalesced takes, one take per batch, cache="memory", cache="disk").
+exact = pytest.mark.usefixtures("read_mode")
 
 
 def checkout_env() -> dict[str, str]:

@@ -96,7 +96,9 @@ def on_sigint(signum, frame):
 
 signal.signal(signal.SIGINT, on_sigint)
 
-loader = PrefetchLoader(sys.argv[1], 10, columns=["id"], readahead=8, max_in_flight=4)
+loader = PrefetchLoader(
+    sys.argv[1], 10, columns=["id"], readahead=8, max_in_flight=4, coalesce=1
+)  # one take per batch: the takes of batches 2..5 are the ones held
 PLAN = loader.epoch_plan()
 POSITION = {tuple(PLAN.batch(p).indices.tolist()): p for p in range(PLAN.batches_per_rank)}
 DELAYS = {2: 60.0, 3: 3.0, 4: 3.0, 5: 3.0}  # 2 is stuck; 3..5 are slow, then 6.. wait their turn

@@ -328,7 +328,7 @@ def test_ctrl_c_stops_everything(tmp_path, need_nginx):
     temp.mkdir()
     command = [
         sys.executable, "-m", "lance_prefetch", "bench", "--local-s3", "--rows", "2000",
-        "--batch-size", "64", "--batches", "20", "--contenders", "sequential",
+        "--batch-size", "64", "--batches", "200", "--contenders", "sequential",
         "--step-ms", "200", "--out", str(tmp_path / "out"), "--no-progress",
     ]  # fmt: skip
     process = subprocess.Popen(

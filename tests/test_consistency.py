@@ -16,6 +16,7 @@ until the write is committed, so the write lands while the loader holds ``readah
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import pickle
 import subprocess
@@ -28,7 +29,7 @@ from pathlib import Path
 import lance
 import numpy as np
 import pytest
-from helpers import batch_ids, collect, expected_rank_ids, wait_until
+from helpers import batch_ids, collect, exact, expected_rank_ids, wait_until
 from torch.utils.data import DataLoader
 from writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
 
@@ -123,13 +124,16 @@ def read_with_write_mid_epoch(loader: PrefetchLoader, monkeypatch, write_now) ->
     """Read epoch 0 of ``loader``; after its first batch, with ``readahead`` batches held and
     ``max_in_flight`` takes in flight, call ``write_now()``. Returns every batch of the epoch."""
     loader.set_epoch(0)
-    gate = HeldTakes(monkeypatch, free=expected_rank_ids(loader)[0])
+    k = loader.coalesce  # batches per take: the first take (k batches) is let through
+    gate = HeldTakes(monkeypatch, free=sum(expected_rank_ids(loader)[:k], []))
     iterator = iter(loader)
     first = next(iterator)
-    # max_in_flight takes held at their start, readahead batches held in all (the rest queued for
-    # a thread; the slot batch 0 gave back is taken again)
-    assert wait_until(lambda: gate.waiting == loader.max_in_flight, timeout=30)
-    assert wait_until(lambda: iterator.statistics().held == loader.readahead, timeout=30)
+    # The first take's k - 1 other batches are held by the iterator; the readahead left (the slot
+    # batch 0 gave back included) starts takes of k batches, each held at its start up to
+    # max_in_flight (the rest queued for a thread).
+    takes = (loader.readahead - k + 1) // k
+    assert wait_until(lambda: gate.waiting == min(takes, loader.max_in_flight), timeout=30)
+    assert wait_until(lambda: iterator.statistics().held == k - 1 + takes * k, timeout=30)
     write_now()
     gate.release()
     return [first, *iterator]
@@ -181,6 +185,7 @@ def test_a_writer_process_mid_epoch_changes_nothing(fresh_ids, monkeypatch):
     assert collect(loader) == expected_rank_ids(loader) != expected
 
 
+@exact
 def test_a_writer_looping_through_the_epoch_changes_nothing(fresh_ids):
     """Free-running: a writer thread appends, deletes, overwrites and compacts over and over while
     the loader reads with readahead; every 25 batches the loop waits for one more commit, so
@@ -225,14 +230,16 @@ def test_a_writer_looping_through_the_epoch_changes_nothing(fresh_ids):
 
 @dataclass(frozen=True)
 class WaitForFlag:
-    """A transform for spawn DataLoader workers: every batch but ``free`` waits until the file
-    ``flag`` exists (at most 60 s), so the main process can write while the workers are mid-epoch."""
+    """A transform for spawn DataLoader workers: every batch but those in ``free`` waits until the
+    file ``flag`` exists (at most 60 s), so the main process can write while the workers are
+    mid-epoch. (A coalesced take's batches are handed on together, once all are transformed, so
+    ``free`` holds every batch of the take that reads the first one.)"""
 
     flag: str
-    free: tuple[int, ...]
+    free: frozenset[tuple[int, ...]]
 
     def __call__(self, batch):
-        if tuple(batch["id"].tolist()) != self.free:
+        if tuple(batch["id"].tolist()) not in self.free:
             deadline = time.monotonic() + GATE_TIMEOUT_S
             while not os.path.exists(self.flag):
                 if time.monotonic() > deadline:
@@ -241,14 +248,17 @@ class WaitForFlag:
         return batch
 
 
+@exact
 @pytest.mark.slow
 def test_a_writer_process_mid_epoch_through_spawn_workers(fresh_ids, tmp_path):
     """Two spawn DataLoader workers read epoch 0; after the first batch a writer process appends,
     deletes and overwrites. Epoch 0 and epoch 1 (new workers, which reopen the pinned version
     after the writes) are exactly the plan's."""
     uri = fresh_ids(1003, rows_per_file=300)
-    plan_loader = PrefetchLoader(uri, 10, seed=6)
-    first = tuple(expected_rank_ids(plan_loader)[0])
+    plan_loader = PrefetchLoader(uri, 10, seed=6, readahead=4)
+    worker_0 = plan_loader.epoch_plan(0).rank_batches(0, worker_id=0, num_workers=2)
+    first_take = itertools.islice(worker_0, plan_loader.coalesce)
+    free = frozenset(tuple(batch.indices.tolist()) for batch in first_take)
     flag = tmp_path / "written"
     loader = PrefetchLoader(
         uri,
@@ -257,7 +267,7 @@ def test_a_writer_process_mid_epoch_through_spawn_workers(fresh_ids, tmp_path):
         seed=6,
         readahead=4,
         max_in_flight=2,
-        transform=WaitForFlag(str(flag), first),
+        transform=WaitForFlag(str(flag), free),
     )
     loader.set_epoch(0)
     expected = expected_rank_ids(loader)
@@ -276,6 +286,7 @@ def test_a_writer_process_mid_epoch_through_spawn_workers(fresh_ids, tmp_path):
     check_rows(later)
 
 
+@exact
 def test_rows_deleted_before_construction_are_never_sampled(fresh_ids):
     """Deleted in two commits, a whole fragment among them: num_rows counts live rows, and with
     drop_last=False every live id comes exactly once, in the plan's order, on one or two ranks."""
@@ -302,6 +313,7 @@ def test_rows_deleted_before_construction_are_never_sampled(fresh_ids):
     assert len(seen) == 774 and sorted(seen) == live  # an even count: no padding
 
 
+@exact
 def test_a_loader_on_an_older_version_reads_that_version(fresh_ids):
     """Versions 1 (500 rows), 2 (+ 500 appended), 3 (100 deleted), 4 (overwritten by 300 rows of
     other ids), 5 (every third deleted), then compacted (Lance commits twice): a loader built with
@@ -330,7 +342,9 @@ def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_
     pinned version's files. The batches already read arrive intact, the next read fails with
     BatchLoadError (Lance: not found), and so do later epochs and fresh copies of the loader."""
     uri = fresh_ids(1003, rows_per_file=300)
-    loader = PrefetchLoader(uri, 10, columns=["id", "label"], seed=8, readahead=8, max_in_flight=4)
+    loader = PrefetchLoader(
+        uri, 10, columns=["id", "label"], seed=8, readahead=8, max_in_flight=4, coalesce=1
+    )  # one take per batch: the batch after the first fails alone (coalesced: test_coalesce.py)
     expected = expected_rank_ids(loader)
     loader.set_epoch(0)
     gate = HeldTakes(monkeypatch, free=expected[0])
@@ -416,7 +430,7 @@ def test_a_short_result_from_lance_is_an_error_naming_the_counts(fresh_ids, monk
     """The opened dataset's take drops the last row of batch 2: batches 0 and 1 arrive, then
     BatchLoadError naming 9 rows for 10 offsets; never a 9-row batch."""
     uri = fresh_ids(100, rows_per_file=30)
-    loader = PrefetchLoader(uri, 10, columns=["id"], readahead=4, max_in_flight=2)
+    loader = PrefetchLoader(uri, 10, columns=["id"], readahead=4, max_in_flight=2, coalesce=1)
     expected = expected_rank_ids(loader)
     dataset = loader._source._opened()
     original = dataset.take

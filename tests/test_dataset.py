@@ -12,12 +12,13 @@ import lance
 import numpy as np
 import pytest
 import torch
-from helpers import batch_ids, collect, expected_rank_ids, loop_threads, wait_until
+from helpers import batch_ids, collect, exact, expected_rank_ids, loop_threads, wait_until
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
 from lance_prefetch.source import LanceSource
 
 
+@exact
 def test_batches_are_dicts_of_tensors_in_permutation_order(ids_1003):
     """Each batch holds exactly the plan's rows, in permutation order, with matching columns."""
     loader = PrefetchLoader(ids_1003, 10, seed=3)
@@ -37,6 +38,7 @@ def test_batches_are_dicts_of_tensors_in_permutation_order(ids_1003):
     ].tolist()
 
 
+@exact
 def test_drop_last_false_single_process(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, drop_last=False, columns=["id"])
     batches = collect(loader)
@@ -44,6 +46,7 @@ def test_drop_last_false_single_process(ids_1003):
     assert sorted(i for b in batches for i in b) == list(range(1003))
 
 
+@exact
 @pytest.mark.slow
 def test_num_workers_give_the_same_sequence(ids_1003):
     """Acceptance 2: identical batch sequence for num_workers 0, 1, 3, 7 (spawn)."""
@@ -57,6 +60,7 @@ def test_num_workers_give_the_same_sequence(ids_1003):
             assert collect(loader, num_workers, epoch=0) == reference, num_workers
 
 
+@exact
 @pytest.mark.slow
 def test_ranks_times_workers(ids_1003):
     """Acceptance 1: 2 ranks x 3 spawn workers; coverage for drop_last False, no repeats for True."""
@@ -81,6 +85,7 @@ def test_ranks_times_workers(ids_1003):
             assert sum(counts.values()) == 1004  # one row padded, as DistributedSampler pads
 
 
+@exact
 def test_set_epoch_changes_the_order_reproducibly(ids_1003):
     """Acceptance 4: seed 7, three epochs: three different orders, reproduced by a second loader."""
     first = PrefetchLoader(ids_1003, 10, seed=7, columns=["id"])
@@ -138,7 +143,7 @@ def failing_take_at(monkeypatch, loader, position, error):
 
 def test_a_failing_take_surfaces_quickly_and_leaves_no_thread(ids_1003, monkeypatch):
     """Acceptance 6: the 3rd batch's take raises: batches 0 and 1 arrive, then the error."""
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], coalesce=1)
     failing_take_at(monkeypatch, loader, 2, OSError("disk on fire"))
     iterator = iter(loader)
     start = time.monotonic()
@@ -161,7 +166,7 @@ def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003, monkeypatch
     Held = takes started - batches handed to the loop (the iterator's own count, taken before it
     gives a readahead slot back, so a late read can only overstate what is held).
     """
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], readahead=4, max_in_flight=4)
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], readahead=4, max_in_flight=4, coalesce=1)
     slow = loader.epoch_plan().batch(2).indices.tolist()
     original = LanceSource.take
     lock = threading.Lock()
@@ -188,6 +193,7 @@ def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003, monkeypatch
     assert max(held) <= 4
 
 
+@exact
 def test_transform_runs_on_every_batch(ids_25):
     def transform(batch):
         return batch["id"] * 2
@@ -228,6 +234,7 @@ def test_no_loop_thread_before_iteration_and_pickle_round_trip(ids_1003):
     assert "hunter2" not in repr(loader)
 
 
+@exact
 def test_version_pinned_against_later_writes(fresh_ids):
     uri = fresh_ids(30)
     loader = PrefetchLoader(uri, 10, columns=["id"])
@@ -237,6 +244,7 @@ def test_version_pinned_against_later_writes(fresh_ids):
     assert sorted(i for b in collect(loader) for i in b) == list(range(30))
 
 
+@exact
 def test_deleted_rows_are_never_sampled(fresh_ids):
     uri = fresh_ids(40, rows_per_file=10)
     lance.dataset(uri).delete("id % 4 = 0")

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import write_ids
-from helpers import batch_ids, collect
+from helpers import batch_ids, collect, exact
 from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, LanceMapDataset, PrefetchLoader, collate
@@ -233,6 +233,7 @@ def test_one_row_gives_one_one_row_batch_every_epoch(one_row, batch_size, drop_l
         assert batch["id"].tolist() == [0] and batch["vector"].tolist() == [[0.0, 0.0, 0.0]]
 
 
+@exact
 def test_one_row_over_two_ranks_is_padded_on_both(one_row):
     """drop_last=False pads as DistributedSampler does: both ranks get row 0."""
     streams = [
@@ -242,6 +243,7 @@ def test_one_row_over_two_ranks_is_padded_on_both(one_row):
     assert streams == [[[0]], [[0]]]
 
 
+@exact
 def test_batch_size_above_the_row_count(ids_25):
     with within(AT_ONCE), pytest.raises(ValueError) as info:
         PrefetchLoader(ids_25, 100)  # raised at construction, before any iteration
@@ -435,7 +437,10 @@ def _int_cases():
     for name in ("batch_size", "seed", "readahead", "max_in_flight"):
         for value, shown in ((2.0, "2.0 (float)"), (True, "True (a bool)"), ("8", "'8' (str)"), (None, "None (NoneType)")):  # fmt: skip
             kwargs = {"batch_size": 4, name: value}
-            yield kwargs, TypeError, f"{name} should be an integer, but got {name}={shown}"
+            kind = (
+                "an integer or 'auto'" if name in ("readahead", "max_in_flight") else "an integer"
+            )
+            yield kwargs, TypeError, f"{name} should be {kind}, but got {name}={shown}"
     for name, other in (("rank", ("world_size", 2)), ("world_size", ("rank", 0))):
         for value, shown in ((1.0, "1.0 (float)"), (True, "True (a bool)"), ("1", "'1' (str)")):
             kwargs = {"batch_size": 4, name: value, other[0]: other[1]}

@@ -33,7 +33,9 @@ def reader_threads() -> list[threading.Thread]:
 
 
 def test_one_take_in_three_failing_transiently_loses_nothing(ids_1003):
-    loader = PrefetchLoader(ids_1003, 32, seed=4, readahead=6, max_in_flight=3, retry=FAST)
+    loader = PrefetchLoader(
+        ids_1003, 32, seed=4, readahead=6, max_in_flight=3, retry=FAST, coalesce=1
+    )  # one take per batch: FlakySource fails every third batch's first read
     loader._source = flaky = FlakySource(loader._source, every=3)
     iterator = iter(loader)
     ids = batch_ids(iterator)
@@ -66,7 +68,9 @@ def test_transient_failures_in_spawn_workers_lose_nothing(ids_1003):
 
 
 def test_a_permanent_failure_surfaces_with_its_batch_and_leaves_no_thread(ids_1003):
-    loader = PrefetchLoader(ids_1003, 64, seed=2, readahead=4, max_in_flight=2, retry=FAST)
+    loader = PrefetchLoader(
+        ids_1003, 64, seed=2, readahead=4, max_in_flight=2, retry=FAST, coalesce=1
+    )
     later = [batch.indices for batch in loader.epoch_plan().rank_batches(0)][3:]
     loader._source = FlakySource(
         loader._source, always=later, error="LanceError(IO): Not found: data/0.lance"

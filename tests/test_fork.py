@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import batch_ids, checkout_env, expected_rank_ids, loop_threads, record_process
+from helpers import batch_ids, checkout_env, exact, expected_rank_ids, loop_threads, record_process
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
@@ -152,6 +152,7 @@ def test_each_persistent_spawn_worker_runs_its_own_loop_thread_and_restarts_afte
     assert set(main_loops) == {0} and not loop_threads()
 
 
+@exact
 @pytest.mark.slow
 def test_spawn_workers_after_break_read_the_next_epoch_exactly(ids_1003):
     """Non-persistent spawn workers: ``break`` after 3 batches, then iterate the DataLoader again:

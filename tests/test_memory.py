@@ -118,6 +118,7 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
         readahead=readahead,
         max_in_flight=max_in_flight,
         transform=mark_finished,
+        coalesce=1,  # one take per batch (the bound with coalesced takes: test_coalesce.py)
     )
     expected = expected_rank_ids(loader)
     position_of.update((tuple(ids), position) for position, ids in enumerate(expected))
@@ -201,8 +202,9 @@ def test_rss_stops_growing_after_warm_up_over_10000_takes(soak_script, tmp_path)
     peak stays within SOAK_BUDGET_MIB of the RSS at its end."""
     uri = soak_script.write_small(str(tmp_path / "soak.lance"), 2000)
     loader = PrefetchLoader(
-        uri, 16, columns=["id", "vector"], readahead=8, max_in_flight=4, drop_last=False
-    )
+        uri, 16, columns=["id", "vector"], readahead=8, max_in_flight=4, drop_last=False,
+        coalesce=1,
+    )  # fmt: skip
     assert len(loader) == 125
     samples = soak_script.soak(loader, 10_000, sample_every=250)
     assert [sample.takes for sample in samples] == list(range(0, 10_001, 250))

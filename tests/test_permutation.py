@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import batch_ids, collect
+from helpers import batch_ids, collect, exact
 from scipy import stats
 
 from lance_prefetch import PrefetchLoader, permutation
@@ -249,6 +249,7 @@ def test_the_memory_measure_sees_a_materialised_permutation():
 
 
 # -- the loader ----------------------------------------------------------------------------------
+@exact
 def test_a_lazy_loader_delivers_every_row_once_per_epoch_on_two_ranks(ids_1003):
     """2 ranks, drop_last=False: every id once per epoch but the one padded row, batches as the
     lazy plan says; epochs differ, and differ from the array kind's order."""
@@ -276,6 +277,7 @@ def test_a_lazy_loader_delivers_every_row_once_per_epoch_on_two_ranks(ids_1003):
     assert array.permutation == "array" and collect(array, epoch=0) != epochs[0][0]
 
 
+@exact
 def test_a_lazy_loader_resumes_mid_epoch_exactly(ids_1003):
     """Stop after 17 batches on each of 2 ranks, save, resume with 2 ranks (and with 3): the
     rest is exactly the uninterrupted epoch (every row once across the old and new ranks)."""

@@ -10,7 +10,8 @@ import lance_prefetch
 
 MODULES = [
     "sampling", "permutation", "epochs", "state", "scheduling", "retry", "source", "convert",
-    "dataset", "mapstyle", "_exit_guard", "_interrupts", "telemetry",
+    "dataset", "mapstyle", "_exit_guard", "_interrupts", "telemetry", "coalesce", "cache",
+    "tuning",
     "demo", "cli", "bench", "bench.run", "bench.contenders", "bench.report", "bench.local_s3",
     "bench.latency_proxy", "bench.data",
 ]  # fmt: skip

@@ -14,7 +14,7 @@ from collections import Counter
 import lance
 import numpy as np
 import pytest
-from helpers import batch_ids, collect, expected_rank_ids
+from helpers import batch_ids, collect, exact, expected_rank_ids
 from s3server import SilentServer, closed_port
 from torch.utils.data import DataLoader
 
@@ -33,6 +33,7 @@ def secrets_of(s3, options: dict[str, str]) -> list[str]:
     return values
 
 
+@exact
 def test_full_epoch_reads_every_row_exactly_once(s3, s3_ids_503):
     """One epoch over S3 yields the plan's exact batches: every row once, the right values."""
     loader = PrefetchLoader(
@@ -50,6 +51,7 @@ def test_full_epoch_reads_every_row_exactly_once(s3, s3_ids_503):
         np.testing.assert_array_equal(batch["vector"].numpy(), expected)
 
 
+@exact
 def test_ranks_split_an_s3_epoch_without_repeats(s3, s3_ids_503):
     """Two ranks, drop_last=True: 25 full batches each, 500 distinct rows, the plan's exact ids."""
     streams = []
@@ -189,7 +191,9 @@ def test_a_read_failing_in_a_worker_holds_no_secret(s3, fresh_s3_ids):
     """A worker whose take fails (the data objects are gone) re-raises a BatchLoadError naming the
     batch and the URI; neither it nor the worker's traceback in it holds a credential."""
     uri = fresh_s3_ids(30, rows_per_file=10)
-    loader = PrefetchLoader(uri, 10, columns=["id"], storage_options=s3.storage_options())
+    loader = PrefetchLoader(
+        uri, 10, columns=["id"], storage_options=s3.storage_options(), coalesce=1
+    )  # one take per batch: the error names batch 0
     client = s3.client()
     prefix = uri.removeprefix("s3://training/") + "/data/"
     listed = client.list_objects_v2(Bucket="training", Prefix=prefix)

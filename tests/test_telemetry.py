@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import expected_rank_ids
+from helpers import exact, expected_rank_ids
 
 from lance_prefetch import LoaderStats, PrefetchLoader
 from lance_prefetch.telemetry import LATENCIES, Telemetry
@@ -27,7 +27,7 @@ class Clock:
 def test_rates_over_the_window_and_in_total_on_a_fake_clock():
     clock = Clock()
     telemetry = Telemetry(3, window_s=10.0, clock=clock)
-    telemetry.attach(lambda: (2, 1, 5))
+    telemetry.attach(lambda: (2, 1, 5, 8, 4))
     # 20 s: one 100-row batch a second, each after waiting 0.25 s; each take 1 MiB in 40 ms
     for _ in range(20):
         clock.now += 1.0
@@ -42,6 +42,7 @@ def test_rates_over_the_window_and_in_total_on_a_fake_clock():
     assert stats.wait_fraction == pytest.approx(0.25)
     assert stats.wait_fraction_total == pytest.approx(0.25)
     assert (stats.queue_depth, stats.in_flight, stats.retries) == (2, 1, 5)
+    assert (stats.readahead, stats.max_in_flight, stats.cache_hit_ratio) == (8, 4, None)
     assert stats.take_ms_p50 == pytest.approx(40.0) and stats.take_ms_p99 == pytest.approx(40.0)
 
     # 5 quiet seconds: the window holds 5 batches, the total rate drops to 2000 / 25
@@ -91,11 +92,12 @@ def test_latency_percentiles_cover_the_latest_takes():
 
 def test_a_gone_iteration_reports_nothing_queued():
     telemetry = Telemetry(0, clock=Clock())
-    telemetry.attach(lambda: (1, 2, 3))
+    telemetry.attach(lambda: (1, 2, 3, 8, 4))
     assert telemetry.snapshot().retries == 3
     telemetry.attach(lambda: None)  # the iteration was garbage collected
     stats = telemetry.snapshot()
     assert (stats.queue_depth, stats.in_flight, stats.retries) == (0, 0, 3)
+    assert (stats.readahead, stats.max_in_flight) == (0, 0)
 
 
 def test_stats_before_any_iteration_are_zeros(ids_1003):
@@ -104,6 +106,7 @@ def test_stats_before_any_iteration_are_zeros(ids_1003):
     assert stats.epoch is None and stats.batches == 0 and math.isnan(stats.take_ms_p50)
 
 
+@exact
 def test_stats_after_an_epoch_count_every_batch_and_row(ids_1003):
     loader = PrefetchLoader(ids_1003, 100, columns=["id", "vector"], drop_last=False, seed=4)
     loader.set_epoch(2)
@@ -173,7 +176,7 @@ def test_a_stalled_loop_shows_as_waiting_while_it_waits(ids_1003):
 def test_queue_depth_and_in_flight_while_reads_are_held(ids_1003):
     """readahead=4, max_in_flight=2; takes of batches 3 and up block: after 2 batches are
     received, batch 2 is ready in the queue and 2 takes are in flight."""
-    loader = PrefetchLoader(ids_1003, 100, columns=["id"], readahead=4, max_in_flight=2)
+    loader = PrefetchLoader(ids_1003, 100, columns=["id"], readahead=4, max_in_flight=2, coalesce=1)
     release = threading.Event()
     take = loader._source.take
     blocked = {int(batch.indices[0]) for batch in list(loader.epoch_plan().rank_batches(0))[3:]}

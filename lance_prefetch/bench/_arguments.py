@@ -24,6 +24,23 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def _int_or_auto_list(text: str) -> tuple[int | str, ...]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    numbers = ",".join(part for part in parts if part != "auto")
+    values: tuple[int | str, ...] = _int_list(numbers) if numbers else ()
+    if not parts:
+        raise argparse.ArgumentTypeError(f"should be integers or 'auto', got {text!r}")
+    return values + (("auto",) if "auto" in parts else ())
+
+
+def _caches(text: str) -> tuple[str, ...]:
+    values = _names(text)
+    wrong = [value for value in values if value not in ("none", "memory", "disk")]
+    if wrong or not values:
+        raise argparse.ArgumentTypeError(f"should be among none,memory,disk, got {text!r}")
+    return values
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -56,11 +73,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulated training step of the step pass (sleep), ms")  # fmt: skip
     add("--rows", type=int, default=defaults.rows, help="rows of the synthetic dataset")
     add("--rows-per-file", type=int, default=defaults.rows_per_file)
-    add("--readahead", type=_int_list, default=defaults.readahead, metavar="N,N,...",
-        help="lance-prefetch readahead values (default: 1,4,16,64)")  # fmt: skip
-    add("--max-in-flight", type=_int_list, default=defaults.max_in_flight, metavar="N,N,...",
-        help="lance-prefetch max_in_flight values; pairs above readahead are skipped "
-        "(default: 1,4,16)")  # fmt: skip
+    add("--readahead", type=_int_or_auto_list, default=defaults.readahead, metavar="N,N,...",
+        help="lance-prefetch readahead values; 'auto' adds a readahead=auto, "
+        "max_in_flight=auto setting (default: 1,4,16,64)")  # fmt: skip
+    add("--max-in-flight", type=_int_or_auto_list, default=defaults.max_in_flight,
+        metavar="N,N,...", help="lance-prefetch max_in_flight values; pairs above readahead are "
+        "skipped (default: 1,4,16)")  # fmt: skip
+    add("--coalesce", type=_int_or_auto_list, default=defaults.coalesce, metavar="N,...",
+        help="lance-prefetch coalesce values, e.g. 1,auto (default: auto)")  # fmt: skip
+    add("--cache", type=_caches, default=defaults.cache, metavar="none,memory,disk",
+        help="lance-prefetch cache values (default: none)")  # fmt: skip
     add("--ceiling-concurrency", type=_int_list, default=defaults.ceiling_concurrency,
         metavar="N,N,...", help="thread-pool sizes tried by ceiling (default: 4,16,64)")  # fmt: skip
     add("--ceiling-repeats", type=int, default=defaults.ceiling_repeats,
@@ -110,6 +132,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         step_ms=args.step_ms,
         readahead=args.readahead,
         max_in_flight=args.max_in_flight,
+        coalesce=args.coalesce,
+        cache=args.cache,
         ceiling_concurrency=args.ceiling_concurrency,
         ceiling_repeats=args.ceiling_repeats,
         map_workers=args.map_workers,

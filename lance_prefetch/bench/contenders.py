@@ -54,6 +54,7 @@ What a pass measures (times from :func:`time.perf_counter`):
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -112,7 +113,11 @@ class ContenderSpec:
             come from the data, else from the offsets asked for. Default: ``"id"``.
         record_ids (bool): put every id read into the result, not only checksums. Default:
             ``False``.
-        readahead (int), max_in_flight (int): for ``lance-prefetch``. Default: ``0``.
+        readahead (int | str), max_in_flight (int | str): for ``lance-prefetch`` (``"auto"``
+            allowed). Default: ``0``.
+        coalesce (int | str): ``coalesce`` of ``lance-prefetch``. Default: ``"auto"``.
+        cache (str): ``cache`` of ``lance-prefetch``: ``"none"``, ``"memory"`` or ``"disk"`` (in a
+            folder of the contender's own, removed afterwards). Default: ``"none"``.
         concurrency (list[int]): thread-pool sizes for ``ceiling``. Default: ``[]``.
         ceiling_repeats (int): runs of ``ceiling`` per pool size. Default: ``2``.
         num_workers (int): DataLoader workers for ``map-style``. Default: ``4``.
@@ -132,8 +137,10 @@ class ContenderSpec:
     step_ms: float = 50.0
     id_column: str | None = "id"
     record_ids: bool = False
-    readahead: int = 0
-    max_in_flight: int = 0
+    readahead: int | str = 0
+    max_in_flight: int | str = 0
+    coalesce: int | str = "auto"
+    cache: str = "none"
     concurrency: list[int] = field(default_factory=list)
     ceiling_repeats: int = 2
     num_workers: int = 4
@@ -359,6 +366,12 @@ class _LancePrefetch:
         from .. import PrefetchLoader
 
         spec = self.spec
+        cache: dict[str, Any] = {}
+        if spec.cache == "memory":
+            cache = {"cache": "memory"}
+        elif spec.cache == "disk":
+            self._cache_dir = tempfile.TemporaryDirectory(prefix="lance-bench-cache-")
+            cache = {"cache": "disk", "cache_dir": self._cache_dir.name}
         self.loader = PrefetchLoader(
             spec.uri,
             spec.batch_size,
@@ -366,10 +379,12 @@ class _LancePrefetch:
             seed=spec.seed,
             readahead=spec.readahead,
             max_in_flight=spec.max_in_flight,
+            coalesce=spec.coalesce,
             rank=0,
             world_size=1,
             storage_options=spec.storage_options,
             version=spec.version,
+            **cache,
         )
         if hasattr(self.loader, "_source"):  # the loader's own take calls, timed
             self.loader._source = _TimedSource(self.loader._source, self.latencies)
@@ -388,6 +403,9 @@ class _LancePrefetch:
 
     def close(self) -> None:
         self.loader.close()
+        cache_dir = getattr(self, "_cache_dir", None)
+        if cache_dir is not None:
+            cache_dir.cleanup()
 
 
 class _PrefetchWorkers(_LancePrefetch):

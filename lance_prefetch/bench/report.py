@@ -97,10 +97,36 @@ def _rows_per_s(contender: Mapping[str, Any] | None) -> float | None:
     return None if contender is None else contender["passes"]["throughput"]["rows_per_s"]
 
 
-def best_prefetch(contenders: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The ``lance-prefetch`` setting with the most rows/s in the throughput pass."""
-    grid = [c for c in contenders if c["name"] == PREFETCH and _ok(c)]
-    return max(grid, key=_rows_per_s, default=None)
+def _setting(contender: Mapping[str, Any], name: str, default: Any) -> Any:
+    return contender.get("settings", {}).get(name, default)
+
+
+def prefetch_runs(
+    contenders: Sequence[Mapping[str, Any]], *, cache: str | None = "none", **match: Any
+) -> list[Mapping[str, Any]]:
+    """The ``lance-prefetch`` settings that ran: those with ``cache`` (``None``: any) and the
+    ``match``-ing settings (``auto=True``: readahead ``"auto"``; ``auto=False``: fixed)."""
+    runs = []
+    for contender in contenders:
+        if contender["name"] != PREFETCH or not _ok(contender):
+            continue
+        if cache is not None and _setting(contender, "cache", "none") != cache:
+            continue
+        auto = match.get("auto")
+        if auto is not None and (_setting(contender, "readahead", 0) == "auto") != auto:
+            continue
+        if "coalesce" in match and _setting(contender, "coalesce", "auto") != match["coalesce"]:
+            continue
+        runs.append(contender)
+    return runs
+
+
+def best_prefetch(
+    contenders: Sequence[Mapping[str, Any]], *, cache: str | None = "none", **match: Any
+) -> Mapping[str, Any] | None:
+    """The ``lance-prefetch`` setting with the most rows/s in the throughput pass (without a
+    cache unless ``cache`` says otherwise; see :func:`prefetch_runs`)."""
+    return max(prefetch_runs(contenders, cache=cache, **match), key=_rows_per_s, default=None)
 
 
 def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -135,6 +161,7 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     ratio_target(f"emulated S3: best {PREFETCH} >= 4x sequential rows/s", "sequential", 4, remote)
     ratio_target(f"emulated S3: best {PREFETCH} >= map-style rows/s", "map-style", 1, remote)
     ratio_target(f"local disk: best {PREFETCH} >= 0.9x ceiling rows/s", "ceiling", 0.9, not remote)
+    targets.extend(_issue7_targets(report, remote))
 
     applicable, missed = [], []
     for contender in contenders:
@@ -143,7 +170,7 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         step = contender["passes"]["step"]
         mean_take = step.get("take_mean_ms")
         mif = contender["settings"]["max_in_flight"]
-        if mean_take is None or step.get("wait_fraction") is None:
+        if mean_take is None or step.get("wait_fraction") is None or mif == "auto":
             continue
         if step["step_ms"] >= 1.2 * mean_take / mif:
             applicable.append(contender["label"])
@@ -166,6 +193,106 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             ),
         }
     )
+    return targets
+
+
+def _ceiling_at(contenders: Sequence[Mapping[str, Any]], threads: int) -> float | None:
+    """The best rows/s of ``ceiling`` with ``threads`` threads, if that size ran."""
+    ceiling = _by_name(contenders, "ceiling")
+    if ceiling is None:
+        return None
+    rates = [p["rows_per_s"] for p in ceiling.get("sweep", []) if p["concurrency"] == threads]
+    return max(rates, default=None)
+
+
+def _issue7_targets(report: Mapping[str, Any], remote: bool) -> list[dict[str, Any]]:
+    """Coalescing, caches and auto readahead (issue 7's acceptance), for the settings that ran."""
+    contenders = report["contenders"]
+    targets: list[dict[str, Any]] = []
+
+    def add(target: str, applies: bool, value: float | None, factor: float, detail: str) -> None:
+        met = None if value is None else value >= factor
+        targets.append(
+            {"target": target, "applies": applies, "value": value, "met": met, "detail": detail}
+        )
+
+    def rate_text(contender: Mapping[str, Any] | None) -> str:
+        if contender is None:
+            return "not run"
+        return f"{contender['label']} {_rows_per_s(contender):,.0f} rows/s"
+
+    ceiling_4 = _ceiling_at(contenders, 4)
+    scan = _by_name(contenders, "lance-torch")
+    anchor = f"; scan-speed anchor: lance-torch {_rows_per_s(scan):,.0f} rows/s" if scan else ""
+    plain, memory = best_prefetch(contenders), best_prefetch(contenders, cache="memory")
+    for contender, factor, what in ((plain, 1.0, "no cache"), (memory, 10.0, "cache=memory")):
+        if contender is None or ceiling_4 is None:
+            continue
+        value = _rows_per_s(contender) / ceiling_4
+        add(
+            f"local disk, {what}: best {PREFETCH} >= {factor:g}x the 4-thread take ceiling",
+            not remote,
+            value,
+            factor,
+            f"{rate_text(contender)} = {value:.2f}x ceiling at 4 threads ({ceiling_4:,.0f} "
+            f"rows/s){anchor}",
+        )
+    cached = max(
+        (best_prefetch(contenders, cache=c) for c in ("memory", "disk")),
+        key=lambda c: -1.0 if c is None else _rows_per_s(c),
+    )
+    if cached is not None and plain is not None:
+        value = _rows_per_s(cached) / _rows_per_s(plain)
+        add(
+            f"emulated S3: a cached {PREFETCH}'s later epochs >= 20x the uncached loader's rows/s",
+            remote,
+            value,
+            20.0,
+            f"{rate_text(cached)} (filled during its start: {cached['warmup_s']:.1f} s) = "
+            f"{value:.1f}x uncached {rate_text(plain)}",
+        )
+    one = best_prefetch(contenders, coalesce=1)
+    coalesced_runs = [c for c in prefetch_runs(contenders) if _setting(c, "coalesce", 1) != 1]
+    coalesced = max(coalesced_runs, key=_rows_per_s, default=None)
+    if one is not None and coalesced is not None:
+        value = _rows_per_s(coalesced) / _rows_per_s(one)
+        add(
+            f"coalesced takes: best {PREFETCH} with coalescing >= 1.5x one take per batch",
+            report["meta"]["settings"]["batch_size"] <= 64,
+            value,
+            1.5,
+            f"{rate_text(coalesced)} = {value:.2f}x {rate_text(one)}",
+        )
+    for cache in ("none", "memory", "disk"):
+        auto = best_prefetch(contenders, cache=cache, auto=True)
+        fixed = best_prefetch(contenders, cache=cache, auto=False)
+        if auto is None or fixed is None:
+            continue
+        value = _rows_per_s(auto) / _rows_per_s(fixed)
+        add(
+            f"readahead='auto' (cache={cache}) within 10% of the best fixed setting",
+            True,
+            value,
+            0.9,
+            f"{rate_text(auto)} = {value:.2f}x the best fixed, {rate_text(fixed)}",
+        )
+        calm = [
+            c for c in prefetch_runs(contenders, cache=cache, auto=False)
+            if (c["passes"]["step"].get("wait_fraction") or 1.0) < 0.01
+        ]  # fmt: skip
+        wait = auto["passes"]["step"].get("wait_fraction")
+        if wait is not None:
+            targets.append(
+                {
+                    "target": f"readahead='auto' (cache={cache}) waits < 1% of the step pass "
+                    f"when a fixed setting does",
+                    "applies": bool(calm),
+                    "value": wait,
+                    "met": (wait < 0.01) if calm else None,
+                    "detail": f"{auto['label']} waited {wait:.2%}; fixed settings under 1%: "
+                    f"{', '.join(c['label'] for c in calm) or 'none'}",
+                }
+            )
     return targets
 
 
@@ -197,7 +324,11 @@ def _fmt(value: Any, spec: str = ",.0f", scale: float = 1.0) -> str:
 def _settings_text(contender: Mapping[str, Any]) -> str:
     settings = contender.get("settings", {})
     if contender["name"] == PREFETCH:
-        return f"readahead={settings['readahead']}, max_in_flight={settings['max_in_flight']}"
+        text = f"readahead={settings['readahead']}, max_in_flight={settings['max_in_flight']}"
+        text += f", coalesce={settings.get('coalesce', 1)}"
+        if settings.get("cache", "none") != "none":
+            text += f", cache={settings['cache']}"
+        return text
     if contender["name"] == "ceiling" and _ok(contender):
         repeats = settings.get("repeats", 1)
         tried = f"{settings['concurrency']}" + (f" x {repeats} runs" if repeats > 1 else "")
@@ -323,23 +454,43 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     contenders = [c for c in report["contenders"] if _ok(c)]
-    grid = [c for c in contenders if c["name"] == PREFETCH]
+    # lines: the fixed settings without a cache, one per (max_in_flight, coalesce); the others
+    # (readahead="auto", caches) as horizontal lines
+    grid = prefetch_runs(contenders, auto=False)
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, mif in enumerate(sorted({c["settings"]["max_in_flight"] for c in grid})):
+    lines = sorted(
+        {(c["settings"]["max_in_flight"], str(_setting(c, "coalesce", "auto"))) for c in grid}
+    )
+    several = len({coalesce for _, coalesce in lines}) > 1
+    for index, (mif, coalesce) in enumerate(lines):
         points = sorted(
-            (c["settings"]["readahead"], c) for c in grid if c["settings"]["max_in_flight"] == mif
-        )
+            ((c["settings"]["readahead"], c) for c in grid
+             if (c["settings"]["max_in_flight"], str(_setting(c, "coalesce", "auto")))
+             == (mif, coalesce)),
+            key=lambda point: point[0],
+        )  # fmt: skip
         xs = [ra for ra, _ in points]
         color = colors[index % len(colors)]
+        label = f"max_in_flight={mif}" + (f", coalesce={coalesce}" if several else "")
         left.plot(
             xs, [c["passes"]["throughput"]["rows_per_s"] for _, c in points], "o-",
-            color=color, label=f"max_in_flight={mif}",
+            color=color, label=label,
         )  # fmt: skip
         right.plot(
             xs, [100 * (c["passes"]["step"].get("wait_fraction") or 0) for _, c in points], "o-",
-            color=color, label=f"max_in_flight={mif}",
+            color=color, label=label,
         )  # fmt: skip
+    others = [
+        c for c in prefetch_runs(contenders, cache=None) if c not in grid
+    ]  # readahead="auto" and the caches
+    for index, contender in enumerate(others):
+        line = {"color": colors[(len(lines) + index) % len(colors)], "linestyle": "--",
+                "linewidth": 1.5, "label": contender["label"]}  # fmt: skip
+        left.axhline(contender["passes"]["throughput"]["rows_per_s"], **line)
+        wait = contender["passes"]["step"].get("wait_fraction")
+        if wait is not None:
+            right.axhline(100 * wait, **line)
     baselines = {  # name: (color, line style)
         "sequential": ("black", ":"),
         "map-style": ("tab:red", "--"),

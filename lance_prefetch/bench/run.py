@@ -52,10 +52,15 @@ class BenchConfig:
         warmup_batches (int): untimed batches before the passes. Default: ``2``.
         seed (int): seed of every epoch's permutation. Default: ``0``.
         step_ms (float): simulated training step of the step pass, in ms. Default: ``50.0``.
-        readahead (tuple[int, ...]): the ``lance-prefetch`` grid's readahead values. Default:
+        readahead (tuple[int | str, ...]): the ``lance-prefetch`` grid's readahead values; ``"auto"``
+            adds one setting with ``readahead="auto", max_in_flight="auto"``. Default:
             ``(1, 4, 16, 64)``.
         max_in_flight (tuple[int, ...]): its max_in_flight values; pairs with
             ``max_in_flight > readahead`` are skipped. Default: ``(1, 4, 16)``.
+        coalesce (tuple[int | str, ...]): the grid's ``coalesce`` values. Default: ``("auto",)``.
+        cache (tuple[str, ...]): the grid's ``cache`` values, among ``"none"``, ``"memory"``,
+            ``"disk"`` (a disk cache lives in the run's temporary folder). Default:
+            ``("none",)``.
         ceiling_concurrency (tuple[int, ...]): thread-pool sizes tried by ``ceiling``. Default:
             ``(4, 16, 64)``.
         ceiling_repeats (int): runs of ``ceiling`` per pool size; the best counts. Default: ``2``.
@@ -95,8 +100,10 @@ class BenchConfig:
     warmup_batches: int = 2
     seed: int = 0
     step_ms: float = 50.0
-    readahead: tuple[int, ...] = (1, 4, 16, 64)
-    max_in_flight: tuple[int, ...] = (1, 4, 16)
+    readahead: tuple[int | str, ...] = (1, 4, 16, 64)
+    max_in_flight: tuple[int | str, ...] = (1, 4, 16)
+    coalesce: tuple[int | str, ...] = ("auto",)
+    cache: tuple[str, ...] = ("none",)
     ceiling_concurrency: tuple[int, ...] = (4, 16, 64)
     ceiling_repeats: int = 2
     map_workers: int = 4
@@ -136,23 +143,42 @@ class BenchConfig:
         unknown = [name for name in self.contenders if name not in KINDS]
         if unknown or not self.contenders:
             raise ValueError(f"contenders should be among {list(KINDS)}, but got {unknown or '[]'}")
-        for name in ("readahead", "max_in_flight", "ceiling_concurrency"):
+        for name in ("readahead", "max_in_flight", "coalesce", "ceiling_concurrency"):
             values = getattr(self, name)
-            if not values or min(values) < 1:
-                raise ValueError(f"{name} should be integers >= 1, but got {list(values)}")
+            numbers = [v for v in values if v != "auto" or name == "ceiling_concurrency"]
+            if not values or any(not isinstance(v, int) or v < 1 for v in numbers):
+                raise ValueError(
+                    f"{name} should be integers >= 1 (or 'auto'), but got {list(values)}"
+                )
+        if not self.cache or any(c not in ("none", "memory", "disk") for c in self.cache):
+            raise ValueError(
+                f"cache should be among 'none', 'memory', 'disk', but got {list(self.cache)}"
+            )
         if "lance-prefetch" in self.contenders and not self.grid():
             raise ValueError(
                 f"no lance-prefetch setting has max_in_flight <= readahead: readahead="
                 f"{list(self.readahead)}, max_in_flight={list(self.max_in_flight)}"
             )
 
-    def grid(self) -> list[tuple[int, int]]:
-        """The ``(readahead, max_in_flight)`` pairs to run, ``max_in_flight <= readahead``."""
+    def grid(self) -> list[tuple[int | str, int | str]]:
+        """The ``(readahead, max_in_flight)`` pairs to run, ``max_in_flight <= readahead``, and
+        ``("auto", "auto")`` when ``readahead`` or ``max_in_flight`` holds ``"auto"``."""
+        readaheads = sorted({v for v in self.readahead if v != "auto"})
+        mifs = sorted({v for v in self.max_in_flight if v != "auto"})
+        pairs: list[tuple[int | str, int | str]] = [
+            (readahead, mif) for mif in mifs for readahead in readaheads if mif <= readahead
+        ]
+        if "auto" in self.readahead or "auto" in self.max_in_flight:
+            pairs.append(("auto", "auto"))
+        return pairs
+
+    def prefetch_settings(self) -> list[dict[str, Any]]:
+        """Every ``lance-prefetch`` setting: the :meth:`grid` times ``coalesce`` times ``cache``."""
         return [
-            (readahead, mif)
-            for mif in sorted(set(self.max_in_flight))
-            for readahead in sorted(set(self.readahead))
-            if mif <= readahead
+            {"readahead": r, "max_in_flight": m, "coalesce": c, "cache": cache}
+            for cache in dict.fromkeys(self.cache)
+            for c in dict.fromkeys(self.coalesce)
+            for r, m in self.grid()
         ]
 
 
@@ -333,6 +359,8 @@ def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]
         "seed": config.seed,
         "step_ms": config.step_ms,
         "grid": config.grid(),
+        "coalesce": list(config.coalesce),
+        "cache": list(config.cache),
         "ceiling_concurrency": list(config.ceiling_concurrency),
         "ceiling_repeats": config.ceiling_repeats,
         "map_workers": config.map_workers,
@@ -347,10 +375,9 @@ def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, dict, Co
         if kind not in config.contenders:
             continue
         if kind == "lance-prefetch":
-            for readahead, mif in config.grid():
-                spec = ContenderSpec(kind=kind, readahead=readahead, max_in_flight=mif, **base)
-                settings = {"readahead": readahead, "max_in_flight": mif}
-                runs.append((f"lance-prefetch r{readahead}/m{mif}", settings, spec))
+            for settings in config.prefetch_settings():
+                spec = ContenderSpec(kind=kind, **settings, **base)
+                runs.append((_prefetch_label(config, settings), settings, spec))
             continue
         settings: dict[str, Any] = {}
         extra: dict[str, Any] = {}
@@ -367,6 +394,18 @@ def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, dict, Co
             settings["batch_readahead"] = 16
         runs.append((kind, settings, ContenderSpec(kind=kind, **extra, **base)))
     return runs
+
+
+def _prefetch_label(config: BenchConfig, settings: Mapping[str, Any]) -> str:
+    """``lance-prefetch r16/m4``, with ``c<coalesce>`` when the run compares or sets coalescing
+    and the cache when there is one."""
+    r, m = settings["readahead"], settings["max_in_flight"]
+    label = "lance-prefetch auto" if r == "auto" else f"lance-prefetch r{r}/m{m}"
+    if len(set(config.coalesce)) > 1 or settings["coalesce"] != "auto":
+        label += f" c{settings['coalesce']}"
+    if settings["cache"] != "none":
+        label += f" {settings['cache']}"
+    return label
 
 
 def _ticks(spec: ContenderSpec) -> int:
