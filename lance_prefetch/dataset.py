@@ -696,8 +696,10 @@ def _rows(count: int) -> str:
 
 
 class _Iteration(BlockingPrefetcher[Any]):
-    """The iterator ``iter(loader)`` returns: a prefetcher that counts the batches it delivers and
-    reports a failed read as :class:`BatchLoadError`."""
+    """The iterator ``iter(loader)`` returns: a prefetcher of groups of batches (one ``take``
+    each) that hands the batches on one by one, giving back a readahead token as each is
+    received, counts the batches it delivers, reports a failed read as :class:`BatchLoadError`
+    and, with ``readahead="auto"``, applies the tuner's bounds."""
 
     def __init__(
         self,
@@ -727,11 +729,12 @@ class _Iteration(BlockingPrefetcher[Any]):
         started = self._telemetry.begin_wait()
         try:
             if self._pending and os.getpid() == self._pid:  # the rest of a group already read
-                # (in a forked copy, super().__next__() refuses instead)
+                # (in a forked copy, self._next() refuses instead)
                 result = self._pending.popleft()
-                self.release(1)
             else:
-                results = super().__next__()
+                # the token goes back at the end of this call, so that the next read does not
+                # compete with it for the GIL
+                results = self._next(release=False)
                 result = results[0]
                 self._pending.extend(results[1:])
             if isinstance(result, BatchLoadError):  # the batches before it were delivered
@@ -758,6 +761,7 @@ class _Iteration(BlockingPrefetcher[Any]):
         if self._next_log is not None and now >= self._next_log:
             self._next_log = now + self._log_every  # type: ignore[operator]
             _stats_logger.info("%s", self._telemetry.snapshot())
+        self.release(1)
         return item
 
     def close(self, *, wait: bool = True) -> None:
