@@ -27,6 +27,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _depth(text: str) -> int | str:
+    """An integer >= 1 or ``auto`` (``--readahead``, ``--max-in-flight``)."""
+    if text == "auto":
+        return text
+    try:
+        return _positive_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"should be an integer >= 1 or auto, got {text!r}"
+        ) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lance-prefetch", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -44,8 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         "--columns", default="image,label", help="comma-separated: features..., label"
     )
     demo.add_argument("--batch-size", type=_positive_int, default=64)
-    demo.add_argument("--readahead", type=_positive_int, default=8)
-    demo.add_argument("--max-in-flight", type=_positive_int, default=4)
+    demo.add_argument("--readahead", type=_depth, default=8, help="an integer, or auto")
+    demo.add_argument("--max-in-flight", type=_depth, default=4, help="an integer, or auto")
+    demo.add_argument(
+        "--cache", choices=("none", "memory", "disk"), default="none",
+        help="serve the epochs from a copy filled by one scan (default: none)",
+    )  # fmt: skip
     demo.add_argument("--epochs", type=_positive_int, default=5)
     demo.add_argument("--seed", type=int, default=0)
     bench = commands.add_parser(
@@ -130,7 +146,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     columns = [name.strip() for name in args.columns.split(",") if name.strip()]
     print(
         f"training on {uri}: columns={columns} batch_size={args.batch_size} "
-        f"readahead={args.readahead} max_in_flight={args.max_in_flight} epochs={args.epochs}"
+        f"readahead={args.readahead} max_in_flight={args.max_in_flight} cache={args.cache} "
+        f"epochs={args.epochs}"
     )
 
     def show(report: demo.EpochReport) -> None:
@@ -150,6 +167,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         readahead=args.readahead,
         max_in_flight=args.max_in_flight,
+        cache=None if args.cache == "none" else args.cache,
         epochs=args.epochs,
         seed=args.seed,
         report=show,

@@ -96,8 +96,9 @@ def train(
     eval_uri: str | None = None,
     columns: Sequence[str] = DIGITS_COLUMNS,
     batch_size: int = 64,
-    readahead: int = 8,
-    max_in_flight: int = 4,
+    readahead: int | str = 8,
+    max_in_flight: int | str = 4,
+    cache: str | None = None,
     epochs: int = 5,
     seed: int = 0,
     learning_rate: float = 3e-3,
@@ -122,7 +123,7 @@ def train(
     torch.manual_seed(seed)
     loader = PrefetchLoader(
         uri, batch_size, columns=columns, seed=seed, readahead=readahead,
-        max_in_flight=max_in_flight, rank=0, world_size=1,
+        max_in_flight=max_in_flight, rank=0, world_size=1, cache=cache,
     )  # fmt: skip
     held_out = None
     if eval_uri is not None:

@@ -62,6 +62,22 @@ def test_write_digits_is_real_data_split_without_overlap(tmp_path):
     assert lance.dataset(train_uri).version == 1
 
 
+def test_demo_with_a_cache_and_auto_depths(tmp_path, capsys):
+    """--cache memory --readahead auto --max-in-flight auto: every epoch's batches come from the
+    cache (the first take of the check batch filled it) and the 11 batches of an epoch arrive."""
+    assert cli.main(
+        ["demo", "--data-dir", str(tmp_path), "--epochs", "2", "--batch-size", "128",
+         "--cache", "memory", "--readahead", "auto", "--max-in-flight", "auto"]
+    ) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "readahead=auto max_in_flight=auto cache=memory epochs=2" in out
+    stats = re.findall(r"loader.stats\(\): epoch (\d): (\d+) batches.*cache hits ([\d.]+)%", out)
+    assert stats == [("0", "11", "100.0"), ("1", "11", "100.0")]
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--readahead", "most"])
+    assert "should be an integer >= 1 or auto, got 'most'" in capsys.readouterr().err
+
+
 def test_cli_reports_library_errors_without_a_traceback(tmp_path, capsys):
     status = cli.main(["demo", "--uri", str(tmp_path / "missing.lance"), "--epochs", "1"])
     assert status == 1
