@@ -18,8 +18,9 @@ exactness and resuming do not change.
   concurrent fills are serialised by a file lock and published by an atomic rename, so a reader
   never sees a partial copy.
 
-Both fill on their first ``take`` in a process (the first batch of the first epoch waits for the
-fill; every batch after it, from epoch 0 on, is served from the cache). A new dataset version has
+Both are filled by :meth:`fill`, which ``iter(loader)`` calls in each process before the first
+read (so the fill is not a timed, retried ``take``); a ``take`` before it fills too. Every batch,
+from epoch 0 on, is then served from the cache. A new dataset version has
 another key, so a cache never serves rows of another version.
 """
 

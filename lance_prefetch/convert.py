@@ -18,8 +18,10 @@ binary, large_binary, fixed_size_binary, binary_view   ``list[bytes | None]``   
 
 .. [1] Arrow packs booleans as bits; torch stores one byte per bool.
 
-"No copy" tensors share memory with the Arrow buffers Lance returned (through DLPack), which belong to
-this batch only, so writing to them is safe.
+"No copy" tensors share memory with the Arrow buffers Lance returned (through DLPack). A coalesced
+take's batches are slices of one table, so each batch's tensors are their own rows of shared
+buffers: writing to them is safe, but a batch kept alive keeps the buffers of its whole take
+(``coalesce`` batches) alive; ``.clone()`` what you keep.
 
 Nulls, checked batch by batch: a null float (float16/32/64, also inside a fixed-size or
 variable-length list) becomes ``NaN`` (and the column is then copied); a null string, binary or

@@ -121,7 +121,7 @@ class PrefetchLoader(IterableDataset):
             ``readahead``, and ``max_in_flight`` counts takes. The resolved value is
             :attr:`coalesce`. Default: ``"auto"``.
         cache (str, optional): ``"memory"``: read the projected columns of the pinned version
-            once with a sequential scan (on the first ``take`` in each process) and serve every
+            once with a sequential scan (in the first ``iter()`` of each process) and serve every
             batch from memory (Arrow ``take``), one copy per process; ``"disk"``: copy them once
             to a local Lance dataset under ``cache_dir`` (reused across runs and shared by
             processes) and take from it. Same rows, same order as without a cache
@@ -239,6 +239,14 @@ class PrefetchLoader(IterableDataset):
         resolve_kind(permutation, 1)  # checked before any I/O; resolved once num_rows is known
         self.log_every = _check_log_every(log_every)
         coalesce = check_coalesce(coalesce)
+        if isinstance(self.readahead, int):
+            coalesce_size(coalesce, self.batch_size, self.readahead)  # raises before any I/O
+        if cache_dir is not None and (os.fspath(cache_dir) == "" or os.path.isfile(cache_dir)):
+            raise ValueError(
+                f"cache_dir should be a folder (created if missing), but got "
+                f"cache_dir={os.fspath(cache_dir)!r}"
+                + (", which is a file" if os.fspath(cache_dir) else "")
+            )
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._iterations = 0  # iterations started by this copy (identifies a worker's iteration)
@@ -258,9 +266,11 @@ class PrefetchLoader(IterableDataset):
         row_bytes = fixed_row_bytes(lance_source.schema)
         if isinstance(self.readahead, int):
             limit = self.readahead
-        elif row_bytes:  # "auto": what max_buffer_bytes holds
+        elif coalesce != "auto":  # readahead="auto" makes room for the takes asked for
+            limit = coalesce  # type: ignore[assignment]
+        elif row_bytes:  # "auto": at least two takes within max_buffer_bytes
             limit = max(self.max_buffer_bytes // max(row_bytes * self.batch_size, 1), 1)
-        else:
+        else:  # bytes unknown until the first read: the rule alone
             limit = 2 * TARGET_ROWS
         #: Batches read by one ``take`` (``coalesce`` resolved; see :mod:`lance_prefetch.coalesce`).
         self.coalesce = coalesce_size(coalesce, self.batch_size, limit)
@@ -501,12 +511,20 @@ class PrefetchLoader(IterableDataset):
         Raises:
             RuntimeError: this process was forked from the one that built the loader (Lance is
                 not fork-safe; use ``multiprocessing_context="spawn"``).
+            MemoryError, OSError, Exception: with ``cache=``, the cache is filled here, on the first
+                iteration in a process (a scan of the pinned version, or the copy to
+                ``cache_dir``): its errors come from ``iter()`` (``MemoryError`` above
+                ``cache_bytes``; the scan's errors as ``LanceSource.scan`` raises them, not
+                retried by ``retry``; Lance's own request retries apply)
 
         Raises (from ``next()``):
             BatchLoadError: reading, converting or transforming a batch failed; the iterator is
                 then closed.
         """
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
+        fill = getattr(self._source, "fill", None)
+        if fill is not None:  # a cache: filled here, once per process (not inside a timed take)
+            fill()
         worker = get_worker_info()
         self._iterations += 1
         if worker is None:
@@ -728,10 +746,12 @@ class _Iteration(BlockingPrefetcher[Any]):
     def __next__(self) -> Any:
         started = self._telemetry.begin_wait()
         try:
-            if self._pending and os.getpid() == self._pid:  # the rest of a group already read
-                # (in a forked copy, self._next() refuses instead)
-                result = self._pending.popleft()
-            else:
+            try:  # the rest of a group already read (close() from another thread may clear it;
+                # in a forked copy, self._next() refuses instead)
+                result = self._pending.popleft() if os.getpid() == self._pid else None
+            except IndexError:
+                result = None
+            if result is None:
                 # the token goes back at the end of this call, so that the next read does not
                 # compete with it for the GIL
                 results = self._next(release=False)

@@ -525,6 +525,11 @@ class Prefetcher(Generic[T, R]):
             TypeError, ValueError: from :func:`check_depths`.
         """
         readahead, max_in_flight = check_depths(readahead, max_in_flight)
+        if readahead < self._largest:
+            raise ValueError(
+                f"readahead should stay >= the largest item's size ({self._largest} units), but "
+                f"got readahead={readahead}"
+            )
         loop = self._loop
         if loop is None:  # not running yet: the new bounds apply from the start
             self._readahead, self._max_in_flight = readahead, max_in_flight

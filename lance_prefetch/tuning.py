@@ -125,10 +125,12 @@ class DepthTuner:
 
     # -- bounds ---------------------------------------------------------------------------------
     def _max_level(self) -> int:
-        """The highest level the caps allow."""
+        """The highest level the caps allow: ``MAX_LEVEL``, a fixed ``max_in_flight``, and what
+        the readahead holds (a fixed ``readahead``, or ``max_buffer_bytes`` once the bytes of a
+        row are known). At least 1: one take being read and one being consumed."""
         cap = MAX_LEVEL
         if self.fixed_in_flight is not None:
-            return self.fixed_in_flight
+            cap = min(cap, self.fixed_in_flight)
         if self.fixed_readahead is not None:
             cap = min(cap, max(self.fixed_readahead // self.coalesce, 1))
         elif self.row_bytes:
@@ -147,7 +149,9 @@ class DepthTuner:
             level = min(level, readahead)
         else:
             readahead = (level + 1) * self.coalesce
-        in_flight = self.fixed_in_flight if self.fixed_in_flight is not None else level
+        in_flight = level  # a fixed max_in_flight is a cap of the level (_max_level)
+        if self.fixed_in_flight is not None and self.fixed_readahead is not None:
+            in_flight = self.fixed_in_flight
         return Bounds(readahead, min(in_flight, readahead))
 
     def restart(self) -> None:

@@ -327,7 +327,7 @@ def test_ctrl_c_stops_everything(tmp_path, need_nginx):
     temp = tmp_path / "tmp"
     temp.mkdir()
     command = [
-        sys.executable, "-m", "lance_prefetch", "bench", "--local-s3", "--rows", "2000",
+        sys.executable, "-m", "lance_prefetch", "bench", "--local-s3", "--rows", "20000",
         "--batch-size", "64", "--batches", "200", "--contenders", "sequential",
         "--step-ms", "200", "--out", str(tmp_path / "out"), "--no-progress",
     ]  # fmt: skip

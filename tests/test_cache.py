@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import time
 
 import lance
 import numpy as np
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pytest
 from helpers import batch_ids, collect, expected_rank_ids
 
-from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch import PrefetchLoader, RetryPolicy
 from lance_prefetch.cache import DiskSource, MemorySource, fixed_row_bytes
 from lance_prefetch.source import LanceSource
 
@@ -67,15 +68,26 @@ def test_a_cache_gives_exactly_the_datasets_batches_from_one_scan(
 
 
 @pytest.mark.parametrize("cache", CACHES)
-def test_the_take_that_fills_the_cache_is_the_only_miss(ids_1003, tmp_path, cache):
-    """One take at a time: the first waits for the fill (a miss), the other 9 are hits."""
+def test_iter_fills_the_cache_before_any_take(ids_1003, tmp_path, monkeypatch, cache):
+    """The fill runs in iter(), not inside a (timed, retried) take: a per-take timeout far below
+    the fill's duration does not fail it, and every take after it is a hit."""
+    original = LanceSource.scan
+
+    def slow_scan(self, **options):
+        time.sleep(0.5)  # a fill much longer than the per-take timeout below
+        yield from original(self, **options)
+
+    monkeypatch.setattr(LanceSource, "scan", slow_scan)
     options = {"cache_dir": tmp_path / "c"} if cache == "disk" else {}
     loader = PrefetchLoader(
-        ids_1003, 100, readahead=1, max_in_flight=1, coalesce=1, cache=cache, **options
+        ids_1003, 100, coalesce=1, cache=cache, retry=RetryPolicy(timeout=0.2), **options
     )
-    assert batch_ids(loader) == expected_rank_ids(loader)
-    assert loader.stats().cache_hit_ratio == pytest.approx(0.9)
-    assert "cache hits 90.0%" in str(loader.stats())
+    assert not loader._source.filled
+    iterator = iter(loader)
+    assert loader._source.filled  # before the first take
+    assert batch_ids(iterator) == expected_rank_ids(loader)
+    assert loader.stats().cache_hit_ratio == 1.0
+    assert "cache hits 100.0%" in str(loader.stats())
     assert PrefetchLoader(ids_1003, 100).stats().cache_hit_ratio is None
 
 
@@ -113,10 +125,8 @@ def test_memory_cache_of_variable_width_columns_stops_at_the_budget(tmp_path):
     loader = PrefetchLoader(uri, 10, columns=["id"], cache="memory")
     assert batch_ids(loader) == expected_rank_ids(loader)
     small = PrefetchLoader(uri, 10, columns=["text"], cache="memory", cache_bytes=50_000)
-    with pytest.raises(BatchLoadError) as info:
-        next(iter(small))
-    assert isinstance(info.value.__cause__, MemoryError)
-    assert "need more than that, above cache_bytes=50000" in str(info.value.__cause__)
+    with pytest.raises(MemoryError, match="need more than that, above cache_bytes=50000"):
+        iter(small)  # the fill runs in iter()
     assert small._source.nbytes == 0  # nothing kept
 
 
@@ -215,6 +225,9 @@ def test_caches_read_s3_datasets_by_scan(s3, s3_ids_503, tmp_path):
         ({"cache": "memory", "cache_bytes": 1.5}, TypeError, r"cache_bytes should be an integer"),
         ({"cache_dir": "/tmp/x"}, ValueError, r"cache_dir applies to cache='disk' only"),
         ({"cache": "disk", "cache_dir": 3}, TypeError, r"cache_dir should be a path"),
+        ({"cache": "disk", "cache_dir": ""}, ValueError, r"cache_dir should be a folder"),
+        ({"cache": "disk", "cache_dir": __file__}, ValueError, r"cache_dir should be a .*a file"),
+        ({"coalesce": 9, "readahead": 8}, ValueError, r"coalesce should be <= readahead"),
     ],
 )
 def test_bad_cache_options_are_refused_before_any_io(options, error, match):

@@ -235,6 +235,23 @@ def test_groups_run_concurrently(ids_1003, monkeypatch):
     assert most[0] == 4
 
 
+def test_close_from_another_thread_mid_group_ends_the_iteration(ids_1003):
+    """close() clears the rest of a group while next() may be reading it: next() then ends the
+    iteration (StopIteration), never an IndexError."""
+    for _ in range(30):
+        loader = PrefetchLoader(ids_1003, 10, coalesce=8, readahead=16)
+        iterator = iter(loader)
+        next(iterator)
+        closer = threading.Thread(target=loader.close)
+        closer.start()
+        try:
+            for _ in iterator:
+                pass
+        finally:
+            closer.join()
+        assert iterator.closed
+
+
 def test_a_group_is_planned_batches():
     batch = PlannedBatch(3, np.array([1, 2], dtype=np.uint32))
     group = Group((batch,), batch.indices)

@@ -95,6 +95,27 @@ def test_caps_bound_the_level():
     assert unbounded.level == MAX_LEVEL
     pinned = make_tuner(max_in_flight=3)  # max_in_flight fixed: the readahead follows it
     assert pinned.bounds().max_in_flight == 3 and pinned.bounds().readahead == 4
+    # a fixed max_in_flight does not lift the byte budget: 1 MiB of 10 KiB batches, 8 a take
+    budget = make_tuner(max_in_flight=64, coalesce=8, max_buffer_bytes=1 << 20)
+    feed = Feed(budget)
+    for _ in range(6):
+        feed.period(0.9, budget.level * 1000.0)
+    bounds = budget.bounds()
+    assert bounds.readahead * 100 * 100 <= 1 << 20 and bounds.max_in_flight == 12
+
+
+def test_resize_refuses_a_readahead_below_an_item():
+    gate = threading.Event()
+    iterator = BlockingPrefetcher(
+        iter(range(10)), lambda item: gate.wait(5), readahead=6, max_in_flight=2, size=lambda i: 3
+    )
+    try:
+        time.sleep(0.1)
+        with pytest.raises(ValueError, match="readahead should stay >= the largest item's size"):
+            iterator.resize(2, 1)
+    finally:
+        gate.set()
+        iterator.close()
 
 
 def test_row_bytes_are_learnt_from_the_reads():

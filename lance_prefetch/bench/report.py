@@ -325,7 +325,8 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
     settings = contender.get("settings", {})
     if contender["name"] == PREFETCH:
         text = f"readahead={settings['readahead']}, max_in_flight={settings['max_in_flight']}"
-        text += f", coalesce={settings.get('coalesce', 1)}"
+        if "coalesce" in settings:  # (reports written before coalescing read one take a batch)
+            text += f", coalesce={settings['coalesce']}"
         if settings.get("cache", "none") != "none":
             text += f", cache={settings['cache']}"
         return text
