@@ -332,13 +332,17 @@ class LanceSource:
             raise error from (None if quotes_secret else exc)
 
     def _checkout(self, dataset: lance.LanceDataset, version: int | str) -> lance.LanceDataset:
+        latest = dataset.latest_version
+        message = (
+            f"version={version!r} does not exist in {self.uri!r}; its latest version is {latest}"
+        )
+        if isinstance(version, int) and version > latest:
+            # refused at once: Lance's checkout of a manifest that is not there sometimes retries
+            # for ~10 s before it gives up
+            raise ValueError(message)
         try:
             return dataset.checkout_version(version)
         except (ValueError, OSError, KeyError, OverflowError) as exc:
-            message = (
-                f"version={version!r} does not exist in {self.uri!r}; its latest version is "
-                f"{dataset.latest_version}"
-            )
             if isinstance(version, str):  # a tag
                 message += _tags(dataset)
                 if version.strip().isdigit():
