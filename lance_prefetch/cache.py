@@ -182,7 +182,7 @@ class MemorySource:
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them (same
         checks and errors), from memory."""
-        _check_range(self.source, indices)
+        self.source.check_offsets(indices)
         return self.fill().take(pa.array(indices))
 
     def __getstate__(self) -> dict[str, Any]:
@@ -279,7 +279,7 @@ class DiskSource:
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them, from the
         local copy."""
-        _check_range(self.source, indices)
+        self.source.check_offsets(indices)
         return self.fill().take(indices)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -304,14 +304,6 @@ def open_cache(
     if cache == "disk":
         return DiskSource(source, default_cache_dir() if cache_dir is None else cache_dir)
     return source
-
-
-def _check_range(source: LanceSource, indices: np.ndarray) -> None:
-    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= source.num_rows):
-        raise IndexError(
-            f"row offsets must be in [0, {source.num_rows}) for {source.uri!r} version "
-            f"{source.version}, but got min {int(indices.min())}, max {int(indices.max())}"
-        )
 
 
 def _too_big(source: LanceSource, size: int | None, budget: int) -> str:

@@ -183,11 +183,7 @@ class LanceSource:
             Exception: Lance's own error from the read (its message without secret values), or,
             on the first read in a new process, the open errors listed in the class docstring.
         """
-        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.num_rows):
-            raise IndexError(
-                f"row offsets must be in [0, {self.num_rows}) for {self.uri!r} version "
-                f"{self.version}, but got min {int(indices.min())}, max {int(indices.max())}"
-            )
+        self.check_offsets(indices)
         dataset = self._opened()
         try:
             with native_call():  # see _exit_guard: the interpreter must not finalize under it
@@ -200,6 +196,19 @@ class LanceSource:
                 f"{self.uri!r} version {self.version}"
             )
         return table
+
+    def check_offsets(self, indices: np.ndarray) -> None:
+        """Refuse offsets outside ``[0, num_rows)`` before any read (Lance silently drops an
+        out-of-range offset followed by a valid one).
+
+        Raises:
+            IndexError: an offset is out of range (the message gives the range and the extremes).
+        """
+        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.num_rows):
+            raise IndexError(
+                f"row offsets must be in [0, {self.num_rows}) for {self.uri!r} version "
+                f"{self.version}, but got min {int(indices.min())}, max {int(indices.max())}"
+            )
 
     def scan(self, *, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
         """Every live row of the pinned version once, in offset order (row ``i`` of the
