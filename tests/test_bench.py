@@ -237,6 +237,49 @@ def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
     assert paths["plot"].stat().st_size > 10_000
 
 
+def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
+    """repeats=3: every contender in round 0, then the lance-prefetch settings twice more, each
+    round rotated by one; the report keeps each setting's median run and median wait."""
+    from lance_prefetch.bench.run import _plan
+
+    config = BenchConfig(
+        readahead=(4, 16), max_in_flight=(4,), contenders=("sequential", "lance-prefetch"),
+        repeats=3,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="repeats should be >= 1"):
+        BenchConfig(repeats=0)
+    base = dict(uri="x", version=1, num_rows=100, columns=["id"], storage_options=None,
+                batch_size=10, batches=2, warmup_batches=0, seed=0, step_ms=0.0,
+                id_column="id", record_ids=False)  # fmt: skip
+    order = [(round_, label) for round_, label, _, _ in _plan(config, base)]
+    assert order == [
+        (0, "sequential"), (0, "lance-prefetch r4/m4"), (0, "lance-prefetch r16/m4"),
+        (1, "lance-prefetch r16/m4"), (1, "lance-prefetch r4/m4"),
+        (2, "lance-prefetch r4/m4"), (2, "lance-prefetch r16/m4"),
+    ]  # fmt: skip
+
+    fake = _fake_report(tmp_path)["contenders"]
+    r4 = fake[2]
+    runs = [fake[0], r4]
+    for round_, rate, wait in ((1, 900, 0.3), (2, 1300, 0.7), (3, 1000, 0.05)):
+        run = json.loads(json.dumps(r4))
+        run["round"] = round_
+        run["passes"]["throughput"]["rows_per_s"] = rate
+        run["passes"]["step"]["wait_fraction"] = wait
+        runs.append(run)
+    runs.append({**r4, "round": 4, "error": "RuntimeError: boom", "passes": None})
+    merged = report.merge_rounds(runs)
+    assert [m["label"] for m in merged] == ["sequential", "lance-prefetch r4/m1"]
+    entry = merged[1]
+    # rows/s 1100, 900, 1300, 1000: the lower middle is 1000 (round 3); waits 0.5, 0.3, 0.7, 0.05
+    assert entry["round"] == 3 and entry["passes"]["throughput"]["rows_per_s"] == 1000
+    assert entry["passes"]["step"]["wait_fraction"] == 0.3
+    assert [r.get("rows_per_s") for r in entry["rounds"]] == [1100, 900, 1300, 1000, None]
+    assert entry["rounds"][-1] == {"round": 4, "error": "RuntimeError: boom"}
+    assert r4["passes"]["step"]["wait_fraction"] == 0.5  # the runs themselves are not changed
+    assert "median of 4 runs (900-1,300 rows/s, waited 30.0%)" in report._settings_text(entry)
+
+
 # -- whole runs ------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_every_contender_reads_the_same_rows(tmp_path):

@@ -83,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lance-prefetch coalesce values, e.g. 1,auto (default: auto)")  # fmt: skip
     add("--cache", type=_caches, default=defaults.cache, metavar="none,memory,disk",
         help="lance-prefetch cache values (default: none)")  # fmt: skip
+    add("--repeats", type=int, default=defaults.repeats,
+        help="runs of each lance-prefetch setting, in interleaved rounds; the median counts "
+        "(default: 1)")  # fmt: skip
     add("--ceiling-concurrency", type=_int_list, default=defaults.ceiling_concurrency,
         metavar="N,N,...", help="thread-pool sizes tried by ceiling (default: 4,16,64)")  # fmt: skip
     add("--ceiling-repeats", type=int, default=defaults.ceiling_repeats,
@@ -134,6 +137,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         max_in_flight=args.max_in_flight,
         coalesce=args.coalesce,
         cache=args.cache,
+        repeats=args.repeats,
         ceiling_concurrency=args.ceiling_concurrency,
         ceiling_repeats=args.ceiling_repeats,
         map_workers=args.map_workers,

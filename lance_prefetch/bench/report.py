@@ -20,6 +20,7 @@ __all__ = [
     "check_ids",
     "comparisons",
     "evaluate_targets",
+    "merge_rounds",
     "table_rows",
     "to_markdown",
     "write_outputs",
@@ -84,6 +85,53 @@ def check_ids(contenders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         e["same_rows"] and e["same_batches"] and len(e["contenders"]) >= 2 for e in summary.values()
     )
     return {"ok": ok, "epochs": summary, "excluded": excluded}
+
+
+def merge_rounds(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per label: a setting run in several rounds (``BenchConfig.repeats``) becomes its
+    median run.
+
+    The median run is the one with the median rows/s of the throughput pass (of an even count,
+    the lower of the two middle ones); its step pass's ``wait_fraction`` is replaced by the median
+    of the rounds' (the two medians are taken separately). The entry gains ``rounds``: per run,
+    ``round``, ``rows_per_s`` and ``wait_fraction``, or ``error``. Failed runs are left out of the
+    medians; a setting whose every run failed keeps its first failure. Entries keep the order of
+    their labels' first runs.
+    """
+    by_label: dict[str, list[Mapping[str, Any]]] = {}
+    for contender in contenders:
+        by_label.setdefault(contender["label"], []).append(contender)
+    merged = []
+    for runs in by_label.values():
+        if len(runs) == 1:
+            merged.append(dict(runs[0]))
+            continue
+        ok = sorted((run for run in runs if _ok(run)), key=_rows_per_s)
+        if not ok:
+            merged.append(dict(runs[0]))
+            continue
+        entry = dict(ok[(len(ok) - 1) // 2])
+        waits = sorted(
+            run["passes"]["step"]["wait_fraction"]
+            for run in ok
+            if run["passes"].get("step", {}).get("wait_fraction") is not None
+        )
+        if waits:
+            passes = dict(entry["passes"])
+            passes["step"] = {**passes["step"], "wait_fraction": waits[(len(waits) - 1) // 2]}
+            entry["passes"] = passes
+        entry["rounds"] = [
+            {"round": run.get("round"), "error": run["error"]}
+            if not _ok(run)
+            else {
+                "round": run.get("round"),
+                "rows_per_s": _rows_per_s(run),
+                "wait_fraction": run["passes"].get("step", {}).get("wait_fraction"),
+            }
+            for run in runs
+        ]
+        merged.append(entry)
+    return merged
 
 
 def _by_name(contenders: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
@@ -329,6 +377,12 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
             text += f", coalesce={settings['coalesce']}"
         if settings.get("cache", "none") != "none":
             text += f", cache={settings['cache']}"
+        rates = [r["rows_per_s"] for r in contender.get("rounds", []) if "rows_per_s" in r]
+        if rates:
+            text += (
+                f"; median of {len(rates)} runs ({min(rates):,.0f}-{max(rates):,.0f} rows/s, "
+                f"waited {_fmt(contender['passes']['step'].get('wait_fraction'), '.1%')})"
+            )
         return text
     if contender["name"] == "ceiling" and _ok(contender):
         repeats = settings.get("repeats", 1)
@@ -409,6 +463,12 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
         f"- total run time: {meta['total_s']:.0f} s",
         "",
     ]
+    if settings.get("repeats", 1) > 1:
+        lines[-1:-1] = [
+            f"- each {PREFETCH} setting ran {settings['repeats']} times, in interleaved rounds "
+            f"(order rotated each round); its row shows the median run (rows/s) and the median "
+            f"wait fraction"
+        ]
     table = table_rows(report)
     lines.append("| " + " | ".join(table[0]) + " |")
     lines.append("|" + "---|" * len(table[0]))

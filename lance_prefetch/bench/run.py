@@ -61,6 +61,11 @@ class BenchConfig:
         cache (tuple[str, ...]): the grid's ``cache`` values, among ``"none"``, ``"memory"``,
             ``"disk"`` (a disk cache lives in the run's temporary folder). Default:
             ``("none",)``.
+        repeats (int): runs of each ``lance-prefetch`` setting, each in its own process, in
+            interleaved rounds (every setting once per round, the order rotated by one each
+            round, so slow spells of the machine spread over the settings); the report keeps
+            each setting's median run (see :func:`~lance_prefetch.bench.report.merge_rounds`).
+            Default: ``1``.
         ceiling_concurrency (tuple[int, ...]): thread-pool sizes tried by ``ceiling``. Default:
             ``(4, 16, 64)``.
         ceiling_repeats (int): runs of ``ceiling`` per pool size; the best counts. Default: ``2``.
@@ -104,6 +109,7 @@ class BenchConfig:
     max_in_flight: tuple[int | str, ...] = (1, 4, 16)
     coalesce: tuple[int | str, ...] = ("auto",)
     cache: tuple[str, ...] = ("none",)
+    repeats: int = 1
     ceiling_concurrency: tuple[int, ...] = (4, 16, 64)
     ceiling_repeats: int = 2
     map_workers: int = 4
@@ -128,6 +134,7 @@ class BenchConfig:
             )
         for name in (
             "rows", "rows_per_file", "batch_size", "batches", "map_workers", "ceiling_repeats",
+            "repeats",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} should be >= 1, but got {name}={getattr(self, name)}")
@@ -224,7 +231,8 @@ def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     from . import report as reporting
 
     report["meta"]["load_average_end"] = environment.load_average()
-    report["ids_check"] = reporting.check_ids(report["contenders"])
+    report["ids_check"] = reporting.check_ids(report["contenders"])  # every run, every round
+    report["contenders"] = reporting.merge_rounds(report["contenders"])
     report["targets"] = reporting.evaluate_targets(report)
     report["comparisons"] = reporting.comparisons(report["contenders"])
     report["meta"]["total_s"] = time.perf_counter() - started
@@ -361,6 +369,7 @@ def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]
         "grid": config.grid(),
         "coalesce": list(config.coalesce),
         "cache": list(config.cache),
+        "repeats": config.repeats,
         "ceiling_concurrency": list(config.ceiling_concurrency),
         "ceiling_repeats": config.ceiling_repeats,
         "map_workers": config.map_workers,
@@ -368,8 +377,23 @@ def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
-def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, dict, ContenderSpec]]:
-    """(label, settings, spec) of each contender process, in the order they run."""
+def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[int, str, dict, ContenderSpec]]:
+    """(round, label, settings, spec) of each contender process, in the order they run: every
+    contender in round 0, then ``repeats - 1`` rounds of the ``lance-prefetch`` settings, each
+    round's order rotated by one more."""
+    runs = _round_zero(config, base)
+    repeated = [run for run in runs if run[2].kind == "lance-prefetch"]
+    for index in range(1, config.repeats if repeated else 1):
+        shift = index % len(repeated)
+        runs.extend(repeated[shift:] + repeated[:shift])
+    planned, count = [], dict.fromkeys((label for label, _, _ in runs), 0)
+    for label, settings, spec in runs:
+        planned.append((count[label], label, settings, spec))
+        count[label] += 1
+    return planned
+
+
+def _round_zero(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, dict, ContenderSpec]]:
     runs = []
     for kind in KINDS:
         if kind not in config.contenders:
@@ -447,13 +471,13 @@ def _run_contenders(
     runs = _plan(config, base)
     results = []
     with tqdm(
-        total=sum(_ticks(spec) for _, _, spec in runs),
+        total=sum(_ticks(spec) for *_, spec in runs),
         unit="batch",
         disable=None if config.progress else True,  # None: only on a terminal
         file=sys.stderr,
         dynamic_ncols=True,
     ) as bar:
-        for index, (label, run_settings, spec) in enumerate(runs):
+        for index, (round_, label, run_settings, spec) in enumerate(runs):
             bar.set_description(f"{label} ({index + 1}/{len(runs)})")
             result = run_isolated(
                 spec,
@@ -466,7 +490,10 @@ def _run_contenders(
             if "error" in result:
                 bar.write(f"{label} failed: {result['error']}", file=sys.stderr)
                 logger.warning("%s failed: %s\n%s", label, result["error"], result.get("log", ""))
-            results.append({"name": spec.kind, "label": label, "settings": run_settings, **result})
+            results.append(
+                {"name": spec.kind, "label": label, "settings": run_settings, "round": round_,
+                 **result}
+            )  # fmt: skip
     return results
 
 
