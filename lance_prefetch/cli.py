@@ -99,7 +99,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         )
         return 1
     from .bench._arguments import config_from_args
-    from .bench.report import to_markdown
+    from .bench.report import failures, to_markdown
     from .bench.run import run_bench
 
     logging.basicConfig(
@@ -118,7 +118,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, previous)
     print(to_markdown(report, plot_name=str(paths["plot"])))
     print(f"wrote {paths['json']}, {paths['markdown']} and {paths['plot']}")
-    failed = [c["label"] for c in report["contenders"] if "error" in c]
+    failed = failures(report["contenders"])
     if failed:
         print(
             f"RuntimeError: {len(failed)} contender(s) failed: {', '.join(failed)}", file=sys.stderr

@@ -558,8 +558,7 @@ class PrefetchLoader(IterableDataset):
         if self._tuner is None:
             readahead, max_in_flight = self.readahead, self.max_in_flight
         else:  # from the level the previous iteration in this process ended at
-            self._tuner.restart()
-            bounds = self._tuner.bounds()
+            bounds = self._tuner.restart()
             readahead, max_in_flight = bounds.readahead, bounds.max_in_flight
         iterator = _Iteration(
             groups(batches, self.coalesce),

@@ -3,17 +3,23 @@ that reads about as fast as any, shrink it when the loop never waits.
 
 One knob, the *level*: how many takes may run at once (``max_in_flight``). The readahead follows
 it: ``readahead = (level + 1) * coalesce`` batches, room for ``level`` takes in flight plus the
-batches of one take being consumed, always within ``max_buffer_bytes``. (With only one of
-``readahead``/``max_in_flight`` set to ``"auto"`` the other stays fixed and bounds the level.)
+batches of one take being consumed, within ``max_buffer_bytes`` but never below two takes (level
+1). With only one of ``readahead``/``max_in_flight`` set to ``"auto"`` the other stays as given
+and caps the level: a fixed ``readahead`` is kept, with up to ``readahead // coalesce`` takes in
+flight; a fixed ``max_in_flight`` is kept as far as the tuned readahead has room for that many
+takes.
 
 :class:`DepthTuner` is fed, every period of at least ``period_s`` seconds, the loop's total wait,
 the rows delivered and the bytes read per batch so far, and answers with new bounds or ``None``.
 Each period's wait fraction and rows/s are remembered for its level. While the loop waits more
-than :data:`WAIT_HIGH` of a period, the tuner climbs by *probes*:
+than :data:`WAIT_HIGH` of a period (two periods in a row, unless it waited more than
+:data:`WAIT_URGENT`: a wait near the threshold is often noise), the tuner climbs by *probes*:
 
 - **up**: the level doubles (up to the caps). The next period judges it: it *paid* if it
   delivered :data:`GAIN` times the rows/s of the level before, or cut the wait to
-  :data:`WAIT_CUT` of it, or the loop stopped waiting; then the climb goes on. Both tests are
+  :data:`WAIT_CUT` of it, or the loop stopped waiting; then the climb goes on (but a doubling
+  that only stopped the wait, without more rows/s, holds, and the next probe goes down: a
+  wait near the threshold may have been noise). Both tests are
   needed: reading as fast as it can, the loop waits nearly all the time at any level and only
   rows/s tells; behind a training step, rows/s is the step's and only the wait tells. If it did
   not pay, the level goes back and **holds** for :data:`PROBE_PERIODS` periods (more takes at
@@ -28,9 +34,12 @@ than :data:`WAIT_HIGH` of a period, the tuner climbs by *probes*:
 When the loop does not wait:
 
 - **shrink** after :data:`CALM_PERIODS` periods in a row in which it waited less than
-  :data:`WAIT_LOW`: the level drops by one (memory and threads back). If the loop then waits, the
-  level goes back up by that one and is kept as a floor for :data:`PROBE_PERIODS` periods (no
-  shrink-wait-grow cycle every few seconds).
+  :data:`WAIT_LOW`: the level drops by one (memory and threads back). If the loop waits within
+  the next :data:`CALM_PERIODS` periods, the level goes back up by that one and is kept as a
+  floor for :data:`PROBE_PERIODS` periods (no shrink-wait-grow cycle every few seconds).
+
+A level the caps lower (the bytes of a row, learnt from the first reads) is handed out at the
+next ``observe`` whatever the period.
 
 After each change, :data:`SETTLE` of a period passes before the next period starts: takes started
 at the old level still land in it, and would be counted for the new one.
@@ -57,6 +66,7 @@ __all__ = [
     "WAIT_CUT",
     "WAIT_HIGH",
     "WAIT_LOW",
+    "WAIT_URGENT",
     "check_depth",
 ]
 
@@ -65,6 +75,9 @@ logger = logging.getLogger(__name__)
 #: A period in which the loop waited more than this fraction of the time asks for more depth
 #: (the wait the issue's users aim under: 1% of the training loop).
 WAIT_HIGH = 0.01
+#: A period above this fraction asks for more depth at once; between WAIT_HIGH and this, only the
+#: second such period in a row does.
+WAIT_URGENT = 0.05
 #: A period below this fraction is calm.
 WAIT_LOW = 0.002
 #: Calm periods in a row before the level drops by one.
@@ -143,6 +156,8 @@ class DepthTuner:
     ) -> None:
         self.coalesce, self.batch_size = coalesce, batch_size
         self.fixed_readahead, self.fixed_in_flight = readahead, max_in_flight
+        if not period_s > 0:
+            raise ValueError(f"period_s should be > 0, but got period_s={period_s!r}")
         self.max_buffer_bytes, self.row_bytes, self.period_s = max_buffer_bytes, row_bytes, period_s
         self.level = self._clamp(level)
         self.hold_left = 0  # periods before the next probe
@@ -152,9 +167,13 @@ class DepthTuner:
         self.seen: dict[int, tuple[float, float]] = {}  # level -> (wait, rows/s) there, latest
         self.probe: tuple[str, int] | None = None  # ("up" | "down", level before), one period
         self.next_probe = "up"
-        self.shrunk_from: int | None = None  # the level before the last shrink
+        self.shrunk_from: int | None = None  # the level before the last shrink ...
+        self.shrunk_left = 0  # ... for this many more periods
+        self.waited_before = False  # the period before waited more than WAIT_HIGH
+        self.given: Bounds | None = None  # the bounds last handed out (set below)
         self._mark: tuple[float, float, int] | None = None  # (time, waited, rows) at period start
         self._settle_until = float("-inf")
+        self.given = self.bounds()
 
     # -- bounds ---------------------------------------------------------------------------------
     def _max_level(self) -> int:
@@ -182,19 +201,24 @@ class DepthTuner:
             level = min(level, readahead)
         else:
             readahead = (level + 1) * self.coalesce
-        in_flight = level  # a fixed max_in_flight is a cap of the level (_max_level)
-        if self.fixed_in_flight is not None and self.fixed_readahead is not None:
-            in_flight = self.fixed_in_flight
+        in_flight = level
+        if self.fixed_in_flight is not None:  # as given, as far as the readahead has room
+            in_flight = min(self.fixed_in_flight, max(readahead // self.coalesce, 1))
+            if self.fixed_readahead is not None:
+                in_flight = self.fixed_in_flight
         return Bounds(readahead, min(in_flight, readahead))
 
-    def restart(self) -> None:
+    def restart(self) -> Bounds:
         """A new iteration starts at the level reached so far (a probe not judged yet is undone:
-        the level before it); periods start afresh."""
+        the level before it); periods start afresh. Returns the bounds to start with."""
         if self.probe is not None:
             self.level, self.probe = self.probe[1], None
         self._mark = None
         self._settle_until = float("-inf")
         self.calm = 0
+        self.shrunk_from, self.waited_before = None, False
+        self.given = self.bounds()
+        return self.given
 
     # -- decisions ------------------------------------------------------------------------------
     def observe(
@@ -205,6 +229,8 @@ class DepthTuner:
         when they stay (or the period is not over)."""
         if rows_read and not self.row_bytes:
             self.row_bytes = nbytes / rows_read
+            if self.bounds() != self.given:  # a lower byte cap
+                return self._hand_out(now, None, None)
         if now < self._settle_until:
             return None
         if self._mark is None:
@@ -217,15 +243,18 @@ class DepthTuner:
         self._mark = (now, waited_s, rows)
         wait = (waited_s - waited_before) / span
         rate = (rows - rows_before) / span
-        before = self.bounds()
         self._decide(wait, rate)
-        after = self.bounds()
-        if after == before:
+        if self.bounds() == self.given:
             return None
-        logger.debug(
-            "readahead='auto': %d -> %d takes in flight (waited %.1f%%, %.0f rows/s)",
-            before.max_in_flight, after.max_in_flight, 100 * wait, rate,
-        )  # fmt: skip
+        return self._hand_out(now, wait, rate)
+
+    def _hand_out(self, now: float, wait: float | None, rate: float | None) -> Bounds:
+        before, after = self.given, self.bounds()
+        why = (
+            "bytes a row learnt" if wait is None else f"waited {100 * wait:.1f}%, {rate:.0f} rows/s"
+        )
+        logger.debug("readahead='auto': %s -> %s (%s)", before, after, why)
+        self.given = after
         self._mark, self._settle_until = None, now + SETTLE * self.period_s
         return after
 
@@ -237,7 +266,7 @@ class DepthTuner:
     def _as_good(self, before: int, wait: float, rate: float) -> bool:
         """Whether the level after going down from ``before`` is about as good."""
         wait_before, rate_before = self.seen.get(before, (0.0, float("inf")))
-        return GAIN * rate >= rate_before and WAIT_CUT * wait <= wait_before
+        return GAIN * rate >= rate_before and WAIT_CUT * wait <= max(wait_before, WAIT_HIGH)
 
     def _hold(self, level: int) -> None:
         self.level, self.hold_left = level, PROBE_PERIODS
@@ -249,19 +278,28 @@ class DepthTuner:
             self.floor_left -= 1
             if self.floor_left <= 0:
                 self.floor = None
+        if self.shrunk_from is not None:
+            self.shrunk_left -= 1
+            if self.shrunk_left < 0:
+                self.shrunk_from = None
         probe, self.probe = self.probe, None
+        waited_before, self.waited_before = self.waited_before, wait > WAIT_HIGH
         if wait <= WAIT_HIGH:
             if probe is not None:  # the loop stopped waiting: up paid, down was enough
+                direction, before = probe
                 self.seen[level] = (wait, rate)
-                if probe[0] == "down":
+                if direction == "down":
                     self._hold(level)
+                elif rate < GAIN * self.seen.get(before, (1.0, 0.0))[1]:
+                    self._hold(level)  # kept, but try below after a while: was it noise?
+                    self.next_probe = "down"
             if wait >= WAIT_LOW:
                 self.calm = 0
                 return
             self.calm += 1
             if self.calm >= CALM_PERIODS and level > max(1, self.floor or 1):
                 self.calm = 0
-                self.shrunk_from, self.level = level, level - 1
+                self.shrunk_from, self.shrunk_left, self.level = level, CALM_PERIODS, level - 1
             return
         self.calm = 0
         if probe is not None:
@@ -281,8 +319,8 @@ class DepthTuner:
             self.level = self._clamp(shrunk_from)
             self.floor, self.floor_left = self.level, PROBE_PERIODS
             return
-        if self.hold_left:
-            return
+        if self.hold_left or (probe is None and wait <= WAIT_URGENT and not waited_before):
+            return  # holding, or a small wait not confirmed by the period before
         lowest = max(1, self.floor or 1)
         if self.next_probe == "down":
             self.next_probe = "up"

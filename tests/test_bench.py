@@ -273,11 +273,29 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     entry = merged[1]
     # rows/s 1100, 900, 1300, 1000: the lower middle is 1000 (round 3); waits 0.5, 0.3, 0.7, 0.05
     assert entry["round"] == 3 and entry["passes"]["throughput"]["rows_per_s"] == 1000
-    assert entry["passes"]["step"]["wait_fraction"] == 0.3
+    # waits 0.05, 0.3, 0.5, 0.7: the higher middle, 0.5 (both medians lean to the worse side)
+    assert entry["passes"]["step"]["wait_fraction"] == 0.5
     assert [r.get("rows_per_s") for r in entry["rounds"]] == [1100, 900, 1300, 1000, None]
     assert entry["rounds"][-1] == {"round": 4, "error": "RuntimeError: boom"}
-    assert r4["passes"]["step"]["wait_fraction"] == 0.5  # the runs themselves are not changed
-    assert "median of 4 runs (900-1,300 rows/s, waited 30.0%)" in report._settings_text(entry)
+    assert entry["failed_rounds"] == ["RuntimeError: boom"]
+    assert report.failures(merged) == ["lance-prefetch r4/m1"]  # a failed round fails the run
+    assert report._settings_text(entry).endswith(
+        "; median of 4 runs (900-1,300 rows/s, waited 50.0%); 1 of 5 runs FAILED: RuntimeError: boom"
+    )
+    # the runs themselves are not changed
+    assert [run["passes"]["step"]["wait_fraction"] for run in runs[1:5]] == [0.5, 0.3, 0.7, 0.05]
+    assert report.failures(report.merge_rounds(runs[:4])) == []
+    # every run of a setting failed: its first failure, with the rounds
+    failing = [{**r4, "round": i, "error": f"E{i}", "passes": None} for i in range(2)]
+    (alone,) = report.merge_rounds(failing)
+    assert alone["error"] == "E0" and alone["failed_rounds"] == ["E0", "E1"]
+
+    # the same-ids check: a setting's rounds count once (one label is not "two contenders")
+    one = [_contender("lance-prefetch", "lance-prefetch r4/m2", "a") for _ in range(2)]
+    check = report.check_ids(one)
+    assert not check["ok"] and check["epochs"]["0"]["contenders"] == ["lance-prefetch r4/m2"]
+    other = report.check_ids([*one, _contender("lance-prefetch", "lance-prefetch r4/m2", "b")])
+    assert not other["epochs"]["0"]["same_rows"]  # a round that read other rows is caught
 
 
 # -- whole runs ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ __all__ = [
     "check_ids",
     "comparisons",
     "evaluate_targets",
+    "failures",
     "merge_rounds",
     "table_rows",
     "to_markdown",
@@ -45,11 +46,12 @@ def check_ids(contenders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     For each epoch, the contenders that read it are compared on the checksum of their sorted ids
     (the same rows, repeats counted) and on the checksum of their batches in order (the same
-    batches, in the same order). Contenders that failed are listed, not compared.
+    batches, in the same order). Contenders that failed are listed, not compared. The runs of one
+    label (``BenchConfig.repeats``) are all compared, and count as one contender.
 
     Returns:
         dict: ``ok`` (bool: every epoch has one checksum of each kind, from at least two
-        contenders), ``epochs`` (per epoch: ``contenders``, ``rows``, ``same_rows``,
+        labels), ``epochs`` (per epoch: ``contenders``, ``rows``, ``same_rows``,
         ``same_batches``, ``from``), ``excluded`` (name: reason).
     """
     epochs: dict[str, dict[str, Any]] = {}
@@ -67,7 +69,8 @@ def check_ids(contenders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 epoch,
                 {"contenders": [], "rows": set(), "sha": set(), "batches": set(), "from": set()},
             )
-            entry["contenders"].append(name)
+            if name not in entry["contenders"]:  # a setting's repeated runs count once
+                entry["contenders"].append(name)
             entry["rows"].add(record["rows"])
             entry["sha"].add(record["sha256"])
             entry["batches"].add(record.get("batches_sha256"))
@@ -93,10 +96,12 @@ def merge_rounds(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
 
     The median run is the one with the median rows/s of the throughput pass (of an even count,
     the lower of the two middle ones); its step pass's ``wait_fraction`` is replaced by the median
-    of the rounds' (the two medians are taken separately). The entry gains ``rounds``: per run,
-    ``round``, ``rows_per_s`` and ``wait_fraction``, or ``error``. Failed runs are left out of the
-    medians; a setting whose every run failed keeps its first failure. Entries keep the order of
-    their labels' first runs.
+    of the rounds' (of an even count, the higher: both medians lean to the worse side; they are
+    taken separately). The entry gains ``rounds``: per run, ``round``, ``rows_per_s`` and
+    ``wait_fraction``, or ``error``; and ``failed_rounds`` (the errors) when some runs failed,
+    which the exit status counts as a failure. Failed runs are left out of the medians; a setting
+    whose every run failed keeps its first failure. Entries keep the order of their labels' first
+    runs.
     """
     by_label: dict[str, list[Mapping[str, Any]]] = {}
     for contender in contenders:
@@ -107,10 +112,7 @@ def merge_rounds(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
             merged.append(dict(runs[0]))
             continue
         ok = sorted((run for run in runs if _ok(run)), key=_rows_per_s)
-        if not ok:
-            merged.append(dict(runs[0]))
-            continue
-        entry = dict(ok[(len(ok) - 1) // 2])
+        entry = dict(ok[(len(ok) - 1) // 2]) if ok else dict(runs[0])
         waits = sorted(
             run["passes"]["step"]["wait_fraction"]
             for run in ok
@@ -118,7 +120,7 @@ def merge_rounds(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
         )
         if waits:
             passes = dict(entry["passes"])
-            passes["step"] = {**passes["step"], "wait_fraction": waits[(len(waits) - 1) // 2]}
+            passes["step"] = {**passes["step"], "wait_fraction": waits[len(waits) // 2]}
             entry["passes"] = passes
         entry["rounds"] = [
             {"round": run.get("round"), "error": run["error"]}
@@ -130,8 +132,16 @@ def merge_rounds(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
             }
             for run in runs
         ]
+        failed = [run["error"] for run in runs if not _ok(run)]
+        if failed:
+            entry["failed_rounds"] = failed
         merged.append(entry)
     return merged
+
+
+def failures(contenders: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Labels of the contenders that failed, in every run or in some (``failed_rounds``)."""
+    return [c["label"] for c in contenders if not _ok(c) or c.get("failed_rounds")]
 
 
 def _by_name(contenders: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
@@ -383,6 +393,9 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
                 f"; median of {len(rates)} runs ({min(rates):,.0f}-{max(rates):,.0f} rows/s, "
                 f"waited {_fmt(contender['passes']['step'].get('wait_fraction'), '.1%')})"
             )
+        failed = contender.get("failed_rounds", [])
+        if failed:
+            text += f"; {len(failed)} of {len(contender['rounds'])} runs FAILED: {failed[0]}"
         return text
     if contender["name"] == "ceiling" and _ok(contender):
         repeats = settings.get("repeats", 1)
@@ -463,7 +476,7 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
         f"- total run time: {meta['total_s']:.0f} s",
         "",
     ]
-    if settings.get("repeats", 1) > 1:
+    if settings.get("repeats", 1) > 1 and PREFETCH in settings.get("contenders", [PREFETCH]):
         lines[-1:-1] = [
             f"- each {PREFETCH} setting ran {settings['repeats']} times, in interleaved rounds "
             f"(order rotated each round); its row shows the median run (rows/s) and the median "
