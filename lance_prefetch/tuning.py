@@ -17,7 +17,8 @@ than :data:`WAIT_HIGH` of a period (two periods in a row, unless it waited more 
 
 - **up**: the level doubles (up to the caps). The next period judges it: it *paid* if it
   delivered :data:`GAIN` times the rows/s of the level before, or cut the wait to
-  :data:`WAIT_CUT` of it, or the loop stopped waiting; then the climb goes on (but a doubling
+  :data:`WAIT_CUT` of it while keeping rows/s within 1 / GAIN of it, or the loop stopped
+  waiting; then the climb goes on (but a doubling
   that only stopped the wait, without more rows/s, holds, and the next probe goes down: a
   wait near the threshold may have been noise). Both tests are
   needed: reading as fast as it can, the loop waits nearly all the time at any level and only
@@ -251,9 +252,14 @@ class DepthTuner:
     def _hand_out(self, now: float, wait: float | None, rate: float | None) -> Bounds:
         before, after = self.given, self.bounds()
         why = (
-            "bytes a row learnt" if wait is None else f"waited {100 * wait:.1f}%, {rate:.0f} rows/s"
+            "the bytes of a row, learnt from the first reads, lower the cap"
+            if wait is None
+            else f"the period before waited {100 * wait:.1f}%, read {rate:.0f} rows/s"
         )
-        logger.debug("readahead='auto': %s -> %s (%s)", before, after, why)
+        logger.debug(
+            "readahead='auto': %d -> %d takes in flight, readahead %d -> %d batches (%s)",
+            before.max_in_flight, after.max_in_flight, before.readahead, after.readahead, why,
+        )  # fmt: skip
         self.given = after
         self._mark, self._settle_until = None, now + SETTLE * self.period_s
         return after
@@ -261,7 +267,10 @@ class DepthTuner:
     def _paid(self, before: int, wait: float, rate: float) -> bool:
         """Whether going up from level ``before`` paid (see the module)."""
         wait_before, rate_before = self.seen.get(before, (1.0, 0.0))
-        return rate >= GAIN * rate_before or wait <= WAIT_CUT * wait_before
+        if rate >= GAIN * rate_before:
+            return True
+        # a wait cut counts only if rows/s held (fewer rows waited on is not a gain)
+        return wait <= WAIT_CUT * wait_before and GAIN * rate >= rate_before
 
     def _as_good(self, before: int, wait: float, rate: float) -> bool:
         """Whether the level after going down from ``before`` is about as good."""

@@ -153,6 +153,16 @@ def test_a_growth_that_cuts_the_wait_is_kept_though_rows_per_s_barely_change():
     assert tuner.level == 8
 
 
+def test_a_wait_cut_with_rows_per_s_lost_does_not_pay():
+    """8 -> 16 cut the wait from 22% to 12.6% but rows/s fell from 32,500 to 16,900: back to 8."""
+    tuner = make_tuner(level=8)
+    feed = Feed(tuner)
+    feed.period(0.221, 32_500.0)
+    assert tuner.level == 16
+    feed.period(0.126, 16_900.0)
+    assert tuner.level == 8 and tuner.hold_left == PROBE_PERIODS
+
+
 def test_no_decision_within_a_period_and_small_waits_change_nothing():
     tuner = make_tuner()
     tuner.observe(0.0, 0.0, 0, 0, 0)
