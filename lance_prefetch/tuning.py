@@ -17,18 +17,18 @@ than :data:`WAIT_HIGH` of a period (two periods in a row, unless it waited more 
 
 - **up**: the level doubles (up to the caps). The next period judges it: it *paid* if it
   delivered :data:`GAIN` times the rows/s of the level before, or cut the wait to
-  :data:`WAIT_CUT` of it while keeping rows/s within 1 / GAIN of it, or the loop stopped
-  waiting; then the climb goes on (but a doubling
-  that only stopped the wait, without more rows/s, holds, and the next probe goes down: a
-  wait near the threshold may have been noise). Both tests are
-  needed: reading as fast as it can, the loop waits nearly all the time at any level and only
-  rows/s tells; behind a training step, rows/s is the step's and only the wait tells. If it did
-  not pay, the level goes back and **holds** for :data:`PROBE_PERIODS` periods (more takes at
-  once do not help: the CPU or the store is the limit, and more threads would only add memory
-  and contention).
+  :data:`WAIT_CUT` of it while keeping rows/s within ``1 / GAIN`` of it, or the loop stopped
+  waiting; then the climb goes on (but a doubling that only stopped the wait, without more
+  rows/s, holds, and the next probe goes down: a wait near the threshold may have been noise).
+  Both tests are needed: reading as fast as it can, the loop waits nearly all the time at any
+  level and only rows/s tells; behind a training step, rows/s is the step's and only the wait
+  tells. If it did not pay, the level goes back and **holds** for :data:`PROBE_PERIODS` periods
+  (more takes at once do not help: the CPU or the store is the limit, and more threads would
+  only add memory and contention).
 - **down**: when a hold ends, the next probe goes the other way: the level halves, and stays
-  halved (holding) if it delivered at least ``1 / GAIN`` of the rows/s without waiting
-  ``1 / WAIT_CUT`` times more; otherwise it goes back and holds. Probes alternate, so a level
+  halved (holding) if it delivered at least ``1 / GAIN`` of the rows/s without waiting more
+  than ``1 / WAIT_CUT`` times as much (of at least :data:`WAIT_HIGH`); otherwise it goes back
+  and holds. Probes alternate, so a level
   that one lucky period let grow is tried again from below: the tuner keeps the smallest level
   within ~10% of the best rows/s it measured, rather than ratcheting up on noise.
 
