@@ -24,7 +24,9 @@ than :data:`WAIT_HIGH` of a period (two periods in a row, unless it waited more 
   level and only rows/s tells; behind a training step, rows/s is the step's and only the wait
   tells. If it did not pay, the level goes back and **holds** for :data:`PROBE_PERIODS` periods
   (more takes at once do not help: the CPU or the store is the limit, and more threads would
-  only add memory and contention).
+  only add memory and contention); but if the level below was never measured, a probe down
+  comes first, in the next period (the start level may be above the best one: on 2 cores, 2
+  takes of 1,024 rows at once read faster than 4).
 - **down**: when a hold ends, the next probe goes the other way: the level halves, and stays
   halved (holding) if it delivered at least ``1 / GAIN`` of the rows/s without waiting more
   than ``1 / WAIT_CUT`` times as much (of at least :data:`WAIT_HIGH`); otherwise it goes back
@@ -211,13 +213,15 @@ class DepthTuner:
 
     def restart(self) -> Bounds:
         """A new iteration starts at the level reached so far (a probe not judged yet is undone:
-        the level before it); periods start afresh. Returns the bounds to start with."""
+        the level before it); periods start afresh, but at an unchanged level the calm periods
+        and a wait to confirm carry over (epochs shorter than a few periods would otherwise
+        never confirm a small wait nor shrink). Returns the bounds to start with."""
         if self.probe is not None:
             self.level, self.probe = self.probe[1], None
+            self.calm, self.waited_before = 0, False
         self._mark = None
         self._settle_until = float("-inf")
-        self.calm = 0
-        self.shrunk_from, self.waited_before = None, False
+        self.shrunk_from = None
         self.given = self.bounds()
         return self.given
 
@@ -315,8 +319,14 @@ class DepthTuner:
             direction, before = probe
             self.seen[level] = (wait, rate)
             if direction == "up" and not self._paid(before, wait, rate):
-                self._hold(before)  # more takes at once did not help: back, and stay a while
+                # more takes at once did not help: back, and stay a while; but first try below
+                # if that level was never measured (the start level may be above the best one)
+                below = max(before // 2, self.floor or 1)
                 self.next_probe = "down"
+                if below < before and below not in self.seen:
+                    self.level = before
+                else:
+                    self._hold(before)
                 return
             if direction == "down":
                 self._hold(level if self._as_good(before, wait, rate) else before)
