@@ -37,7 +37,13 @@ from .scheduling import BlockingPrefetcher, FetchError, check_depths
 from .source import LanceSource, redact
 from .state import check_state, end_position, make_state
 from .telemetry import LoaderStats, Telemetry
-from .tuning import DEFAULT_MAX_BUFFER_BYTES, DepthTuner, check_depth
+from .tuning import (
+    DEFAULT_MAX_BUFFER_BYTES,
+    START_LEVEL,
+    START_LEVEL_MEMORY,
+    DepthTuner,
+    check_depth,
+)
 
 __all__ = ["BatchLoadError", "PrefetchLoader"]
 
@@ -74,8 +80,9 @@ class PrefetchLoader(IterableDataset):
         readahead (int | str, optional): the most batches held by this iterator at once,
             counting those of ``take`` calls in flight and batches read but not yet handed to the
             loop, ``>= 1``. Memory is about ``readahead`` batches. ``"auto"``: chosen while
-            reading from the measured wait and rows/s, within ``max_buffer_bytes``
-            (:mod:`lance_prefetch.tuning`). Default: ``8``.
+            reading from the measured wait and rows/s, within ``max_buffer_bytes``, starting at
+            4 takes in flight (1 with ``cache="memory"``; :mod:`lance_prefetch.tuning`).
+            Default: ``8``.
         max_in_flight (int | str, optional): the most ``take`` calls running at once,
             ``1 <= max_in_flight``, and ``<= readahead`` when both are numbers. ``"auto"``: tuned
             like ``readahead``. Default: ``4``.
@@ -283,6 +290,7 @@ class PrefetchLoader(IterableDataset):
                 max_buffer_bytes=self.max_buffer_bytes,
                 row_bytes=row_bytes,
                 batch_size=self.batch_size,
+                level=START_LEVEL_MEMORY if cache == "memory" else START_LEVEL,
             )
         if self._source.num_rows == 0:
             raise ValueError(

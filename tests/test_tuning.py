@@ -19,6 +19,8 @@ from lance_prefetch.tuning import (
     MAX_LEVEL,
     PROBE_PERIODS,
     SETTLE,
+    START_LEVEL,
+    START_LEVEL_MEMORY,
     Bounds,
     DepthTuner,
     check_depth,
@@ -396,3 +398,19 @@ def test_auto_readahead_grows_against_slow_takes_and_reads_exactly(ids_1003, mon
     assert loader.stats().max_in_flight == level
     iterator.close()
     assert repr(loader).count("readahead='auto', max_in_flight='auto'") == 1
+
+
+def test_auto_starts_at_one_take_in_flight_with_the_memory_cache(ids_1003):
+    """A take from the memory cache is a copy: "auto" starts at 1 take in flight there (and 4
+    when reading the dataset); the batches are the plan's either way."""
+    memory = PrefetchLoader(ids_1003, 4, readahead="auto", max_in_flight="auto", cache="memory")
+    files = PrefetchLoader(ids_1003, 4, readahead="auto", max_in_flight="auto")
+    for loader, level in ((memory, START_LEVEL_MEMORY), (files, START_LEVEL)):
+        loader._tuner.period_s = 3600.0  # no decision during the test
+        iterator = iter(loader)
+        first = next(iterator)
+        stats = loader.stats()
+        assert (stats.max_in_flight, stats.readahead) == (level, (level + 1) * loader.coalesce)
+        batches = [first, *iterator]
+        assert batch_ids(batches) == expected_rank_ids(loader)
+    assert (START_LEVEL_MEMORY, START_LEVEL) == (1, 4)
