@@ -2,9 +2,11 @@
 
 A thread that released the GIL for a long native call (a Lance ``take``) and returns while the
 interpreter finalizes is ended by Python 3.10-3.13 inside the native frames, and the process aborts
-("terminate called without an active exception", SIGABRT). :func:`native_call` marks such calls;
-:func:`exit_if_stuck`, run by the prefetcher's ``atexit`` hook once it has waited for running reads,
-ends the process at once with ``os._exit`` if one is still inside its call.
+("terminate called without an active exception", SIGABRT); so does one that has made such a call
+and is still alive, even between calls (a retry, the next take of a long read). :func:`native_call`
+marks such calls; :func:`exit_if_stuck`, run by the prefetcher's ``atexit`` hook once it has waited
+for running reads, ends the process at once with ``os._exit`` if a thread is still inside its call,
+or a read's thread that has made one is still running. From then on no native call starts.
 """
 
 from __future__ import annotations
@@ -16,21 +18,35 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
 
 __all__ = ["exit_if_stuck", "native_call"]
 
 _logger = logging.getLogger("lance_prefetch.scheduling")
 _inside: set[threading.Thread] = set()
+_called: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # have entered a native call
+_exiting = False  # set by exit_if_stuck: no native call starts after it
 _lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def native_call() -> Iterator[None]:
-    """Mark the calling thread as inside a native call for the ``with`` block."""
+    """Mark the calling thread as inside a native call for the ``with`` block.
+
+    Raises:
+        RuntimeError: the process is exiting (:func:`exit_if_stuck` has run): a call started now
+            could still be running when the interpreter finalizes.
+    """
     thread = threading.current_thread()
     with _lock:
+        if _exiting:
+            raise RuntimeError(
+                "the interpreter is exiting; lance_prefetch starts no new read (a read still "
+                "running when it finalizes would abort the process)"
+            )
         _inside.add(thread)
+        _called.add(thread)
     try:
         yield
     finally:
@@ -38,8 +54,10 @@ def native_call() -> Iterator[None]:
             _inside.discard(thread)
 
 
-def exit_if_stuck() -> None:
-    """If a thread is still inside a :func:`native_call`, end the process now, before finalizing.
+def exit_if_stuck(running: Iterable[threading.Thread] = ()) -> None:
+    """If a thread is still inside a :func:`native_call`, or one of ``running`` (the threads of
+    reads left to finish) is alive and has made a native call, end the process now, before
+    finalizing. Either way, no :func:`native_call` starts afterwards.
 
     The exit status is kept where it can be known: 1 after an unhandled exception, SIGINT after an
     unhandled ``KeyboardInterrupt`` (as Python itself exits), else 0 (the status of a
@@ -47,10 +65,15 @@ def exit_if_stuck() -> None:
     lance_prefetch was imported do not run then; standard streams and logging are flushed, and
     multiprocessing's exit work is done (shared semaphores unlinked, daemonic children stopped).
     """
+    global _exiting
     with _lock:
-        # Membership alone: a thread leaves the set when its call returns. (Not is_alive(): a
-        # join() cut short by Ctrl-C marks a running thread stopped in Python 3.11.)
-        stuck = list(_inside)
+        _exiting = True
+        # Membership alone: a thread leaves the set when its call returns. (Not is_alive() for
+        # these: a join() cut short by Ctrl-C marks a running thread stopped in Python 3.11.)
+        stuck = set(_inside)
+        # A read's thread between two native calls (retrying, or looping over takes) is in none
+        # now, but would enter the next, or end, under finalization.
+        stuck.update(thread for thread in running if thread.is_alive() and thread in _called)
     if not stuck:
         return
     error = getattr(sys, "last_value", None)  # set when an unhandled exception was printed

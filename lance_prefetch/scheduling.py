@@ -772,17 +772,19 @@ def _close_live_prefetchers() -> None:
     """At exit, close every live iterator and wait for the fetches still running, while their
     threads can still end normally: each until :data:`CLOSE_TIMEOUT_S` after it was left running
     (not again for one that ``close()`` already waited for). If one is still inside a native call
-    (a Lance ``take``) after that, or a second ``Ctrl-C`` cuts the wait short, the process ends at
-    once (:func:`~lance_prefetch._exit_guard.exit_if_stuck`): finalizing under it would abort."""
+    (a Lance ``take``) after that, or still running after it made one, or a second ``Ctrl-C`` cuts
+    the wait short, the process ends at once (:func:`~lance_prefetch._exit_guard.exit_if_stuck`):
+    finalizing under it would abort. No read starts after this hook."""
     for prefetcher in list(_live):
         prefetcher.close(wait=False)
     try:
         for thread, deadline in list(_finishing.items()):
             thread.join(max(deadline - time.monotonic(), 0.0))
     except KeyboardInterrupt:
-        exit_if_stuck()
+        exit_if_stuck(list(_finishing.keys()))
         raise
-    exit_if_stuck()  # also a read whose close() was cut short, or runs in another thread now
+    # also a read whose close() was cut short, or one that runs in another thread now
+    exit_if_stuck(list(_finishing.keys()))
     if any(thread.is_alive() for thread in list(_finishing.keys())):
         _logger.warning(
             "a fetch was still running %.1f s after it was left to finish; it was abandoned",

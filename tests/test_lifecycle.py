@@ -455,6 +455,75 @@ def test_a_second_ctrl_c_during_the_exit_wait_ends_the_process_by_sigint(tmp_pat
     assert codes == [-signal.SIGINT] * 2, f"exit codes {codes}; -6 is SIGABRT"
 
 
+GUARD_SCRIPT = textwrap.dedent(
+    """
+    import atexit, sys, threading, time
+
+    atexit.register(lambda: print("earlier hook ran", flush=True))  # runs after lance_prefetch's
+
+    from lance_prefetch import scheduling
+    from lance_prefetch._exit_guard import native_call
+
+    def late_read():  # a hook that runs after lance_prefetch's: no Lance call starts any more
+        try:
+            with native_call():
+                print("late read started", flush=True)
+        except RuntimeError as exc:
+            print("late read refused:", exc, flush=True)
+
+    atexit.register(late_read)  # registered after: runs before "earlier hook ran"
+    atexit.unregister(scheduling._close_live_prefetchers)
+    atexit.register(scheduling._close_live_prefetchers)  # ... and lance_prefetch's before both
+    between = threading.Event()
+
+    def read():  # a read that called into Lance, retries in 30 s, and then calls again
+        with native_call():
+            pass
+        between.set()
+        time.sleep(30)
+        with native_call():
+            pass
+
+    if sys.argv[1] == "between-calls":
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        between.wait()
+        scheduling._abandon([thread], time.monotonic() + 0.5)  # as close(wait=False) leaves it
+    print("leaving", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["between-calls", "idle"])
+def test_the_exit_guard_counts_a_read_between_two_calls_and_then_refuses_new_ones(tmp_path, mode):
+    """A read's thread that has called into Lance and is between two calls (a retry) at exit is
+    as unsafe to finalize under as one inside a call: after the wait the process ends with
+    ``os._exit`` (exit code 0, hooks registered earlier skipped). With no such read, the exit goes
+    on normally, and a native call started by a later ``atexit`` hook is refused."""
+    script = tmp_path / "guard.py"
+    script.write_text(GUARD_SCRIPT)
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, str(script), mode],
+        capture_output=True,
+        text=True,
+        env=checkout_env(),
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert time.monotonic() - started < 20, "the exit waited for the 30 s retry"
+    if mode == "between-calls":
+        assert run.stderr.count(GUARD_WARNING) == 1, run.stderr[-2000:]
+        assert run.stdout.splitlines() == ["leaving"]
+    else:
+        assert GUARD_WARNING not in run.stderr, run.stderr[-2000:]
+        refused = (
+            "late read refused: the interpreter is exiting; lance_prefetch starts no new read (a "
+            "read still running when it finalizes would abort the process)"
+        )
+        assert run.stdout.splitlines() == ["leaving", refused, "earlier hook ran"]
+
+
 # -- a new iteration after break -------------------------------------------------------------------
 
 
