@@ -18,7 +18,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import batch_ids, checkout_env, exact, expected_rank_ids, loop_threads, record_process
+from helpers import (
+    batch_ids,
+    checkout_env,
+    exact,
+    expected_rank_ids,
+    loop_threads,
+    record_process,
+    stops_workers_mid_epoch,
+)
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
@@ -154,6 +162,7 @@ def test_each_persistent_spawn_worker_runs_its_own_loop_thread_and_restarts_afte
 
 @exact
 @pytest.mark.slow
+@stops_workers_mid_epoch
 def test_spawn_workers_after_break_read_the_next_epoch_exactly(ids_1003):
     """Non-persistent spawn workers: ``break`` after 3 batches, then iterate the DataLoader again:
     new worker processes, each with its own loop thread, read exactly the next epoch."""

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from helpers import batch_ids, collect, exact, wait_until
+from helpers import batch_ids, collect, exact, stops_workers_mid_epoch, wait_until
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -151,6 +151,7 @@ def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(
     assert collect(loader) == expected[100:]
 
 
+@stops_workers_mid_epoch
 @exact
 @pytest.mark.slow
 def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(ids_1003):
@@ -183,6 +184,7 @@ def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(ids_1003
     assert sorted(delivered) == sorted(permutation[:980].tolist())
 
 
+@stops_workers_mid_epoch
 @exact
 @pytest.mark.slow
 def test_stateful_dataloader_resumes_its_workers_in_place(ids_1003):
