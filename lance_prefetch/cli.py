@@ -99,7 +99,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         )
         return 1
     from .bench._arguments import config_from_args
-    from .bench.report import failures, to_markdown
+    from .bench.report import failures, same_rows_verdict, to_markdown
     from .bench.run import run_bench
 
     logging.basicConfig(
@@ -124,8 +124,10 @@ def _run_bench(args: argparse.Namespace) -> int:
             f"RuntimeError: {len(failed)} contender(s) failed: {', '.join(failed)}", file=sys.stderr
         )
         return 1
-    if not report["ids_check"]["ok"]:
-        print("RuntimeError: the contenders did not read the same rows", file=sys.stderr)
+    verdict = same_rows_verdict(report["ids_check"])
+    if verdict != "yes":
+        message = "the contenders did not read the same rows" if verdict == "NO" else verdict
+        print(f"RuntimeError: {message}", file=sys.stderr)
         return 1
     return 0
 

@@ -177,6 +177,7 @@ def test_check_ids_finds_a_contender_that_read_other_rows():
     same = [_contender("sequential", "sequential", "a"), _contender("ceiling", "ceiling", "a")]
     torch_reader = _contender("lance-torch", "lance-torch", "z")
     assert report.check_ids([*same, torch_reader])["ok"]
+    assert report.same_rows_verdict(report.check_ids([*same, torch_reader])) == "yes"
     assert "lance-torch" in report.check_ids([*same, torch_reader])["excluded"]
     other = report.check_ids([*same, _contender("lance-prefetch", "lance-prefetch r1/m1", "x")])
     assert not other["ok"] and not other["epochs"]["0"]["same_rows"]
@@ -294,8 +295,10 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     one = [_contender("lance-prefetch", "lance-prefetch r4/m2", "a") for _ in range(2)]
     check = report.check_ids(one)
     assert not check["ok"] and check["epochs"]["0"]["contenders"] == ["lance-prefetch r4/m2"]
+    assert not check["compared"] and report.same_rows_verdict(check).startswith("not checked:")
     other = report.check_ids([*one, _contender("lance-prefetch", "lance-prefetch r4/m2", "b")])
     assert not other["epochs"]["0"]["same_rows"]  # a round that read other rows is caught
+    assert not other["compared"] and report.same_rows_verdict(other) == "NO"
 
 
 # -- whole runs ------------------------------------------------------------------------------------

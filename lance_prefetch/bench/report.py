@@ -51,8 +51,10 @@ def check_ids(contenders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     Returns:
         dict: ``ok`` (bool: every epoch has one checksum of each kind, from at least two
-        labels), ``epochs`` (per epoch: ``contenders``, ``rows``, ``same_rows``,
-        ``same_batches``, ``from``), ``excluded`` (name: reason).
+        labels), ``compared`` (bool: every epoch was read by at least two labels; when not, a
+        failed ``ok`` means there was nothing to compare, not that rows differed), ``epochs``
+        (per epoch: ``contenders``, ``rows``, ``same_rows``, ``same_batches``, ``from``),
+        ``excluded`` (name: reason).
     """
     epochs: dict[str, dict[str, Any]] = {}
     excluded = {}
@@ -84,10 +86,21 @@ def check_ids(contenders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "same_batches": len(entry["batches"]) == 1 and None not in entry["batches"],
             "from": sorted(entry["from"]),
         }
-    ok = bool(summary) and all(
-        e["same_rows"] and e["same_batches"] and len(e["contenders"]) >= 2 for e in summary.values()
-    )
-    return {"ok": ok, "epochs": summary, "excluded": excluded}
+    compared = bool(summary) and all(len(e["contenders"]) >= 2 for e in summary.values())
+    ok = compared and all(e["same_rows"] and e["same_batches"] for e in summary.values())
+    return {"ok": ok, "compared": compared, "epochs": summary, "excluded": excluded}
+
+
+def same_rows_verdict(check: Mapping[str, Any]) -> str:
+    """``"yes"``, ``"NO"``, or why it was not checked, for a :func:`check_ids` result."""
+    if check["ok"]:
+        return "yes"
+    epochs = check["epochs"].values()
+    if not check.get("compared", True) and all(
+        e["same_rows"] and e["same_batches"] for e in epochs
+    ):
+        return "not checked: fewer than two contenders (settings) read rows; add another"
+    return "NO"
 
 
 def merge_rounds(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -490,7 +503,7 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
     if plot_name:
         lines += [f"![throughput and wait fraction vs readahead]({plot_name})", ""]
     check = report["ids_check"]
-    lines.append(f"**Same rows:** {'yes' if check['ok'] else 'NO'}.")
+    lines.append(f"**Same rows:** {same_rows_verdict(check)}.")
     for epoch, entry in check["epochs"].items():
         lines.append(
             f"- epoch {epoch}: {len(entry['contenders'])} contenders, {entry['rows']} rows each, "
