@@ -2,11 +2,12 @@
 
 A thread that released the GIL for a long native call (a Lance ``take``) and returns while the
 interpreter finalizes is ended by Python 3.10-3.13 inside the native frames, and the process aborts
-("terminate called without an active exception", SIGABRT); so does one that has made such a call
-and is still alive, even between calls (a retry, the next take of a long read). :func:`native_call`
-marks such calls; :func:`exit_if_stuck`, run by the prefetcher's ``atexit`` hook once it has waited
-for running reads, ends the process at once with ``os._exit`` if a thread is still inside its call,
-or a read's thread that has made one is still running. From then on no native call starts.
+("terminate called without an active exception", SIGABRT); so may a read's thread that has called
+into Lance and still runs, between two calls (a retry, the next take of a long read).
+:func:`native_call` marks such calls; :func:`exit_if_stuck`, run by the prefetcher's ``atexit``
+hook once it has waited for running reads, ends the process at once with ``os._exit`` if a thread
+is still inside one, or a read's thread that has called into Lance still runs. From then on no
+native call starts.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ __all__ = ["exit_if_stuck", "native_call"]
 
 _logger = logging.getLogger("lance_prefetch.scheduling")
 _inside: set[threading.Thread] = set()
-_called: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # have entered a native call
+_called: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # have called into Lance
 _exiting = False  # set by exit_if_stuck: no native call starts after it
 _lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def native_call() -> Iterator[None]:
-    """Mark the calling thread as inside a native call for the ``with`` block.
+def native_call(*, lance: bool = True) -> Iterator[None]:
+    """Mark the calling thread as inside a native call for the ``with`` block; ``lance``: a call
+    into Lance (else native code such as torch's, in a conversion or a transform).
 
     Raises:
         RuntimeError: the process is exiting (:func:`exit_if_stuck` has run): a call started now
@@ -46,7 +48,8 @@ def native_call() -> Iterator[None]:
                 "running when it finalizes would abort the process)"
             )
         _inside.add(thread)
-        _called.add(thread)
+        if lance:
+            _called.add(thread)
     try:
         yield
     finally:
@@ -56,7 +59,7 @@ def native_call() -> Iterator[None]:
 
 def exit_if_stuck(running: Iterable[threading.Thread] = ()) -> None:
     """If a thread is still inside a :func:`native_call`, or one of ``running`` (the threads of
-    reads left to finish) is alive and has made a native call, end the process now, before
+    reads left to finish) still runs and has called into Lance, end the process now, before
     finalizing. Either way, no :func:`native_call` starts afterwards.
 
     The exit status is kept where it can be known: 1 after an unhandled exception, SIGINT after an
@@ -71,9 +74,11 @@ def exit_if_stuck(running: Iterable[threading.Thread] = ()) -> None:
         # Membership alone: a thread leaves the set when its call returns. (Not is_alive() for
         # these: a join() cut short by Ctrl-C marks a running thread stopped in Python 3.11.)
         stuck = set(_inside)
-        # A read's thread between two native calls (retrying, or looping over takes) is in none
-        # now, but would enter the next, or end, under finalization.
-        stuck.update(thread for thread in running if thread.is_alive() and thread in _called)
+        # A read's thread between two calls into Lance (retrying, or looping over takes) is in
+        # none now, but still runs. Whether it runs is read from the interpreter's thread states
+        # (sys._current_frames), not is_alive(), for the reason above.
+        live = sys._current_frames().keys()
+        stuck.update(thread for thread in running if thread.ident in live and thread in _called)
     if not stuck:
         return
     error = getattr(sys, "last_value", None)  # set when an unhandled exception was printed

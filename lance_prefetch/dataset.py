@@ -616,7 +616,7 @@ class PrefetchLoader(IterableDataset):
         results: list[Any] = []
         for batch, piece in zip(group.batches, split(table, group), strict=True):
             try:
-                with native_call():  # a transform may run native code (torch), GIL released
+                with native_call(lance=False):  # a transform may run native code (torch)
                     tensors = to_tensors(piece)
                     converted = tensors if self.transform is None else self.transform(tensors)
             except Exception as exc:
