@@ -9,7 +9,7 @@ A second ``SIGINT`` within the block is delivered at once (a way out if the bloc
 
 Garbage collection closes a dropped iterator from ``__del__``, where an exception is only printed;
 :func:`call_holding_sigint` holds ``SIGINT`` back there and sends it again once ``__del__`` has
-returned.
+returned; :func:`recover_interrupts_in` catches one that struck in the few bytecodes before that.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["call_holding_sigint", "sigint_deferred"]
+__all__ = ["call_holding_sigint", "recover_interrupts_in", "sigint_deferred"]
 
 _SIGINT = int(signal.SIGINT)
 
@@ -109,3 +110,32 @@ def _send_sigint_after(state: list[Any]) -> None:
     while not state[1]:
         time.sleep(0.001)
     os.kill(os.getpid(), signal.SIGINT)
+
+
+_finalizers: set[Callable[..., object]] = set()
+_previous_hook: Callable[[Any], object] | None = None
+
+
+def _unraisable_hook(unraisable: Any) -> None:
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and unraisable.object in _finalizers:
+        # Sent again from another thread once this hook is done (a SIGINT handled in here would
+        # be raised in the hook, and lost the same way): the main thread's own code gets it.
+        state = [1, False]
+        _thread.start_new_thread(_send_sigint_after, (state,))
+        state[1] = True  # a plain store: no interrupt is raised between this and the return
+        return
+    (_previous_hook or sys.__unraisablehook__)(unraisable)
+
+
+def recover_interrupts_in(finalizer: Callable[..., object]) -> None:
+    """A ``KeyboardInterrupt`` that escapes ``finalizer`` (a ``__del__``; a ``SIGINT`` in its
+    first bytecodes, before :func:`call_holding_sigint` holds it back) is raised again in the main
+    thread instead of being printed as "Exception ignored" and lost: a wrapper around
+    :data:`sys.unraisablehook`, installed once, that hands every other exception to the hook that
+    was there before. A hook installed later (pytest installs its own) takes over.
+    """
+    global _previous_hook
+    _finalizers.add(finalizer)
+    if sys.unraisablehook is not _unraisable_hook:
+        _previous_hook = sys.unraisablehook
+        sys.unraisablehook = _unraisable_hook

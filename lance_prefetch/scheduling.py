@@ -39,7 +39,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from ._exit_guard import exit_if_stuck
-from ._interrupts import call_holding_sigint, sigint_deferred
+from ._interrupts import call_holding_sigint, recover_interrupts_in, sigint_deferred
 from ._validate import check_int
 from .retry import RetryPolicy
 
@@ -742,6 +742,9 @@ class BlockingPrefetcher(Iterator[R]):
                 threading.Thread(target=close, name=f"{THREAD_NAME}-close", daemon=True).start()
         else:
             close()
+
+
+recover_interrupts_in(BlockingPrefetcher.__del__)
 
 
 def _join(threads: Iterable[threading.Thread], timeout: float) -> bool:

@@ -155,11 +155,16 @@ def test_ctrl_c_while_iterators_start_and_stop_back_to_back_ends_the_process():
         _wait_ready(process)
         time.sleep(rng.uniform(0.05, 0.3))
         process.send_signal(signal.SIGINT)
-    for process in processes:
-        code, out, err = _finish(process, timeout=15.0)
-        assert code == -signal.SIGINT, (code, out[-2000:], err[-2000:])
-        assert "KeyboardInterrupt" in err and "Exception ignored" not in err, err[-2000:]
-        assert "no SIGINT came" not in out
+    try:
+        for process in processes:
+            code, out, err = _finish(process, timeout=15.0)
+            assert code == -signal.SIGINT, (code, out[-2000:], err[-2000:])
+            assert "KeyboardInterrupt" in err and "Exception ignored" not in err, err[-2000:]
+            assert "no SIGINT came" not in out
+    finally:  # one that failed: the others are not left running, their pipes open
+        for process in processes:
+            process.kill()
+            process.communicate()
 
 
 def test_keyboard_interrupt_from_a_signal_handler_anywhere_in_next_never_hangs():
@@ -208,3 +213,46 @@ def test_a_sigint_while_iter_starts_the_loop_thread_raises_from_iter_and_leaves_
     assert wait_until(lambda: not loop_threads(), timeout=3.0)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert len(list(loader)) == 10  # the loader still works
+
+
+RECOVER_SCRIPT = """
+import time
+from lance_prefetch._interrupts import recover_interrupts_in
+
+class Iterator:
+    def __del__(self):
+        raise KeyboardInterrupt  # as a SIGINT in its first bytecodes would
+
+class Other:
+    def __del__(self):
+        raise ValueError("not an interrupt")
+
+recover_interrupts_in(Iterator.__del__)
+other = Other()
+del other  # printed as usual
+try:
+    iterator = Iterator()
+    del iterator
+    for _ in range(1000):
+        time.sleep(0.001)
+    print("lost", flush=True)
+except KeyboardInterrupt:
+    print("raised again", flush=True)
+"""
+
+
+def test_an_interrupt_escaping_the_finalizer_is_raised_again_in_the_main_thread():
+    """A ``KeyboardInterrupt`` that escapes a finalizer given to ``recover_interrupts_in`` (a
+    SIGINT before it could hold SIGINT back) is raised again in the code it interrupted, not
+    printed as "Exception ignored"; another finalizer's error is still printed as before."""
+    run = subprocess.run(
+        [sys.executable, "-c", RECOVER_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=checkout_env(),
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines() == ["raised again"]
+    assert run.stderr.count("Exception ignored") == 1, run.stderr[-2000:]
+    assert "ValueError: not an interrupt" in run.stderr and "KeyboardInterrupt" not in run.stderr

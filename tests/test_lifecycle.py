@@ -358,7 +358,7 @@ def test_a_stuck_take_never_holds_up_shutdown(ids_1003):
         if waits:
             assert CLOSE_TIMEOUT_S - 0.05 < times["returns_s"] < CLOSE_TIMEOUT_S + 3, (name, times)
         else:
-            assert times["returns_s"] < 1.0, (name, times)
+            assert times["returns_s"] < 2.0, (name, times)  # 1.04 s once on a busy machine
         assert stderr.count(CLOSE_WARNING) == waits, (name, stderr[-2000:])
         if sigints == 2:  # the second Ctrl-C interrupts the exit's wait
             first, second = result["sigints"]
