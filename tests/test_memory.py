@@ -182,7 +182,7 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
 #: batch per take (its dict, tensors and Arrow buffers) ~37 MiB (measured). The largest rise
 #: between two samples is left out: one fresh-clone run rose 3.3 MiB at once between takes 5,500
 #: and 5,750 and was flat (falling 0.2 MiB) for the 4,250 takes after it: an allocator step, not
-#: a trend, where a leak rises a little at every sample (the injected one: 4.0 MiB over 32).
+#: a trend, where a leak rises a little at every sample (the injected one: 4.0 MiB over 32 samples).
 SOAK_BUDGET_MIB = 2.0
 
 
