@@ -48,7 +48,7 @@ def native_call(*, lance: bool = True) -> Iterator[None]:
                 "running when it finalizes would abort the process)"
             )
         _inside.add(thread)
-        if lance:
+        if lance and thread not in _called:  # membership makes no new weakref: per take
             _called.add(thread)
     try:
         yield

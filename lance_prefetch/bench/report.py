@@ -95,12 +95,10 @@ def same_rows_verdict(check: Mapping[str, Any]) -> str:
     """``"yes"``, ``"NO"``, or why it was not checked, for a :func:`check_ids` result."""
     if check["ok"]:
         return "yes"
-    epochs = check["epochs"].values()
-    if not check.get("compared", True) and all(
-        e["same_rows"] and e["same_batches"] for e in epochs
-    ):
-        return "not checked: fewer than two contenders (settings) read rows; add another"
-    return "NO"
+    differ = not all(e["same_rows"] and e["same_batches"] for e in check["epochs"].values())
+    if differ or check["compared"]:
+        return "NO"
+    return "not checked: fewer than two contenders (settings) read rows; add another"
 
 
 def merge_rounds(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
