@@ -15,7 +15,11 @@ Each period's wait fraction and rows/s are remembered for its level. While the l
 than :data:`WAIT_HIGH` of a period (two periods in a row, unless it waited more than
 :data:`WAIT_URGENT`: a wait near the threshold is often noise), the tuner climbs by *probes*:
 
-- **up**: the level doubles (up to the caps). The next period judges it: it *paid* if it
+Each probe runs :data:`JUDGE_PERIODS` periods and is judged on their mean, against the mean of
+as many latest periods at the level before (one period's rows/s varies by 10-25%: judged on one,
+a level 20% slower passed on a lucky period).
+
+- **up**: the level doubles (up to the caps). The probe's periods judge it: it *paid* if it
   delivered :data:`GAIN` times the rows/s of the level before, or cut the wait to
   :data:`WAIT_CUT` of it while keeping rows/s within ``1 / GAIN`` of it, or the loop stopped
   waiting; then the climb goes on (but a doubling that only stopped the wait, without more
@@ -63,6 +67,7 @@ __all__ = [
     "DEFAULT_MAX_BUFFER_BYTES",
     "DepthTuner",
     "GAIN",
+    "JUDGE_PERIODS",
     "MAX_LEVEL",
     "PROBE_PERIODS",
     "SETTLE",
@@ -92,6 +97,10 @@ CALM_PERIODS = 8
 GAIN = 1.1
 #: ... or when its wait fraction is at most this fraction of the level before's.
 WAIT_CUT = 2 / 3
+#: Periods a probe runs before it is judged, on their mean, against the mean of as many latest
+#: periods at the level before (one period's rows/s varied by 10-25% on local-disk takes here: a
+#: halving 20% slower passed on one lucky period, then held for PROBE_PERIODS).
+JUDGE_PERIODS = 2
 #: After a change, this fraction of a period is left out before the next period starts.
 SETTLE = 0.5
 #: Periods a level holds after a probe (or a floor after an undone shrink).
@@ -106,6 +115,14 @@ START_LEVEL = 4
 START_LEVEL_MEMORY = 1
 #: Default ``max_buffer_bytes``: 256 MiB.
 DEFAULT_MAX_BUFFER_BYTES = 256 << 20
+
+
+def _mean(periods: list[tuple[float, float]]) -> tuple[float, float]:
+    """The mean (wait, rows/s) of ``periods``."""
+    return (
+        sum(wait for wait, _ in periods) / len(periods),
+        sum(rate for _, rate in periods) / len(periods),
+    )
 
 
 def check_depth(name: str, value: object, *, minimum: int = 1) -> int | str:
@@ -176,8 +193,11 @@ class DepthTuner:
         self.floor: int | None = None  # a shrink made the loop wait: do not go below for a while
         self.floor_left = 0
         self.calm = 0
-        self.seen: dict[int, tuple[float, float]] = {}  # level -> (wait, rows/s) there, latest
-        self.probe: tuple[str, int] | None = None  # ("up" | "down", level before), one period
+        # level -> (wait, rows/s) there: the mean of its last JUDGE_PERIODS periods ...
+        self.seen: dict[int, tuple[float, float]] = {}
+        self._latest: dict[int, list[tuple[float, float]]] = {}  # ... which are these
+        self.probe: tuple[str, int] | None = None  # ("up" | "down", level before)
+        self._probe_periods: list[tuple[float, float]] = []  # the probe's periods so far
         self.next_probe = "up"
         self.shrunk_from: int | None = None  # the level before the last shrink ...
         self.shrunk_left = 0  # ... for this many more periods
@@ -228,6 +248,7 @@ class DepthTuner:
         if self.probe is not None:
             self.level, self.probe = self.probe[1], None
             self.calm, self.waited_before = 0, False
+        self._probe_periods = []
         self._mark = None
         self._settle_until = float("-inf")
         self.shrunk_from = None
@@ -290,6 +311,14 @@ class DepthTuner:
         wait_before, rate_before = self.seen.get(before, (0.0, float("inf")))
         return GAIN * rate >= rate_before and WAIT_CUT * wait <= max(wait_before, WAIT_HIGH)
 
+    def _remember(self, level: int, wait: float, rate: float) -> None:
+        """Record a period at ``level``; ``seen[level]`` becomes the mean of its latest
+        :data:`JUDGE_PERIODS` periods."""
+        latest = self._latest.setdefault(level, [])
+        latest.append((wait, rate))
+        del latest[:-JUDGE_PERIODS]
+        self.seen[level] = _mean(latest)
+
     def _hold(self, level: int) -> None:
         self.level, self.hold_left = level, PROBE_PERIODS
 
@@ -304,12 +333,18 @@ class DepthTuner:
             self.shrunk_left -= 1
             if self.shrunk_left < 0:
                 self.shrunk_from = None
+        if self.probe is not None:  # judged on the mean of its periods
+            self._probe_periods.append((wait, rate))
+            if len(self._probe_periods) < JUDGE_PERIODS:
+                return
+            wait, rate = _mean(self._probe_periods)
+            self._probe_periods = []
         probe, self.probe = self.probe, None
         waited_before, self.waited_before = self.waited_before, wait > WAIT_HIGH
         if wait <= WAIT_HIGH:
             if probe is not None:  # the loop stopped waiting: up paid, down was enough
                 direction, before = probe
-                self.seen[level] = (wait, rate)
+                self._remember(level, wait, rate)
                 if direction == "down":
                     self._hold(level)
                 elif rate < GAIN * self.seen.get(before, (1.0, 0.0))[1]:
@@ -326,7 +361,7 @@ class DepthTuner:
         self.calm = 0
         if probe is not None:
             direction, before = probe
-            self.seen[level] = (wait, rate)
+            self._remember(level, wait, rate)
             if direction == "up" and not self._paid(before, wait, rate):
                 # more takes at once did not help: back, and stay a while; but first try below
                 # if that level was never measured (the start level may be above the best one)
@@ -340,7 +375,7 @@ class DepthTuner:
             if direction == "down":
                 self._hold(level if self._as_good(before, wait, rate) else before)
                 return
-        self.seen[level] = (wait, rate)
+        self._remember(level, wait, rate)
         shrunk_from, self.shrunk_from = self.shrunk_from, None
         if shrunk_from is not None and shrunk_from > level:
             # the last shrink made the loop wait: undo it, and keep that level a while
