@@ -444,3 +444,44 @@ def test_map_dataset_and_worker_contenders_read_the_same_rows(tmp_path):
     ]
     assert comparison["ratio"] == pytest.approx(rates[0] / rates[1])
     assert "**Comparisons:**" in paths["markdown"].read_text()
+
+
+def test_auto_is_also_compared_round_by_round():
+    """Rows/s by round: auto 100, 90, 200, 50 (round 4 failed for the other), the best fixed 100,
+    100, 160, -, 40: per-round ratios 1.0, 0.9, 1.25 (round 3 ran only for auto, round 4 only
+    for the fixed setting); median 1.0 (of an odd count, the middle one)."""
+    auto = {"rounds": [
+        {"round": 0, "rows_per_s": 100.0}, {"round": 1, "rows_per_s": 90.0},
+        {"round": 2, "rows_per_s": 200.0}, {"round": 3, "rows_per_s": 50.0},
+        {"round": 4, "error": "E"},
+    ]}  # fmt: skip
+    fixed = {"rounds": [
+        {"round": 0, "rows_per_s": 100.0}, {"round": 1, "rows_per_s": 100.0},
+        {"round": 2, "rows_per_s": 160.0}, {"round": 3, "error": "E"},
+        {"round": 4, "rows_per_s": 40.0},
+    ]}  # fmt: skip
+    assert report.paired_ratio(auto, fixed) == {
+        "median": 1.0, "low": 0.9, "high": 1.25, "rounds": 3
+    }  # fmt: skip
+    four = {"rounds": [*auto["rounds"][:3], {"round": 4, "rows_per_s": 10.0}]}
+    assert report.paired_ratio(four, fixed)["median"] == 0.9  # the lower middle: 0.25, 0.9, ...
+    assert report.paired_ratio({"rounds": []}, fixed) is None
+    assert report.paired_ratio({"passes": {}}, fixed) is None  # a single run: no rounds
+
+    def setting(label, readahead, rates):
+        return {
+            "name": "lance-prefetch", "label": label,
+            "settings": {"readahead": readahead, "max_in_flight": 4, "coalesce": 1},
+            "passes": {"throughput": {"rows_per_s": sorted(rates)[(len(rates) - 1) // 2]},
+                       "step": {"wait_fraction": 0.02}},
+            "rounds": [{"round": i, "rows_per_s": r} for i, r in enumerate(rates)],
+        }  # fmt: skip
+
+    contenders = [
+        setting("fixed", 16, [100.0, 100.0, 160.0]),
+        setting("auto", "auto", [90.0, 95.0, 200.0]),
+    ]
+    meta = {"meta": {"settings": {"batch_size": 256}}, "contenders": contenders}
+    (target,) = [t for t in report._issue7_targets(meta, False) if "10%" in t["target"]]
+    assert target["value"] == 0.95 and target["met"]  # medians: 95 / 100
+    assert target["detail"].endswith("round by round: median 0.95x (0.90-1.25x over 3 rounds)")

@@ -22,6 +22,7 @@ __all__ = [
     "evaluate_targets",
     "failures",
     "merge_rounds",
+    "paired_ratio",
     "table_rows",
     "to_markdown",
     "write_outputs",
@@ -265,6 +266,27 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
+def paired_ratio(contender: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Rows/s of ``contender`` over ``other`` round by round (the runs of one round ran next to
+    each other, so a machine that slows down for a while slows both): the median of the
+    per-round ratios (of an even count, the lower middle one), their lowest and highest, and how
+    many rounds both ran. ``None`` without a round both ran."""
+    theirs = {r["round"]: r["rows_per_s"] for r in other.get("rounds", []) if "rows_per_s" in r}
+    ratios = sorted(
+        r["rows_per_s"] / theirs[r["round"]]
+        for r in contender.get("rounds", [])
+        if "rows_per_s" in r and theirs.get(r["round"])
+    )
+    if not ratios:
+        return None
+    return {
+        "median": ratios[(len(ratios) - 1) // 2],
+        "low": ratios[0],
+        "high": ratios[-1],
+        "rounds": len(ratios),
+    }
+
+
 def _ceiling_at(contenders: Sequence[Mapping[str, Any]], threads: int) -> float | None:
     """The best rows/s of ``ceiling`` with ``threads`` threads, if that size ran."""
     ceiling = _by_name(contenders, "ceiling")
@@ -338,12 +360,19 @@ def _issue7_targets(report: Mapping[str, Any], remote: bool) -> list[dict[str, A
         if auto is None or fixed is None:
             continue
         value = _rows_per_s(auto) / _rows_per_s(fixed)
+        paired = paired_ratio(auto, fixed)
+        same_round = (
+            f"; round by round: median {paired['median']:.2f}x "
+            f"({paired['low']:.2f}-{paired['high']:.2f}x over {paired['rounds']} rounds)"
+            if paired and paired["rounds"] > 1
+            else ""
+        )
         add(
             f"readahead='auto' (cache={cache}) within 10% of the best fixed setting",
             True,
             value,
             0.9,
-            f"{rate_text(auto)} = {value:.2f}x the best fixed, {rate_text(fixed)}",
+            f"{rate_text(auto)} = {value:.2f}x the best fixed, {rate_text(fixed)}{same_round}",
         )
         calm = [
             c for c in prefetch_runs(contenders, cache=cache, auto=False)
