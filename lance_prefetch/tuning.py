@@ -198,6 +198,7 @@ class DepthTuner:
         self._latest: dict[int, list[tuple[float, float]]] = {}  # ... which are these
         self.probe: tuple[str, int] | None = None  # ("up" | "down", level before)
         self._probe_periods: list[tuple[float, float]] = []  # the probe's periods so far
+        self.decided_on = (0.0, 0.0)  # (wait, rows/s) the last decision was made on
         self.next_probe = "up"
         self.shrunk_from: int | None = None  # the level before the last shrink ...
         self.shrunk_left = 0  # ... for this many more periods
@@ -279,6 +280,7 @@ class DepthTuner:
         wait = (waited_s - waited_before) / span
         rate = (rows - rows_before) / span
         self._decide(wait, rate)
+        wait, rate = self.decided_on  # a probe's: the mean of its periods
         if self.bounds() == self.given:
             return None
         return self._hand_out(now, wait, rate)
@@ -288,7 +290,7 @@ class DepthTuner:
         why = (
             "the bytes of a row, learnt from the first reads, lower the cap"
             if wait is None
-            else f"the period before waited {100 * wait:.1f}%, read {rate:.0f} rows/s"
+            else f"the period(s) before waited {100 * wait:.1f}%, read {rate:.0f} rows/s"
         )
         logger.debug(
             "readahead='auto': %d -> %d takes in flight, readahead %d -> %d batches (%s)",
@@ -323,6 +325,7 @@ class DepthTuner:
         self.level, self.hold_left = level, PROBE_PERIODS
 
     def _decide(self, wait: float, rate: float) -> None:
+        self.decided_on = (wait, rate)
         level = self._clamp(self.level)
         self.hold_left = max(self.hold_left - 1, 0)
         if self.floor is not None:
@@ -337,7 +340,7 @@ class DepthTuner:
             self._probe_periods.append((wait, rate))
             if len(self._probe_periods) < JUDGE_PERIODS:
                 return
-            wait, rate = _mean(self._probe_periods)
+            wait, rate = self.decided_on = _mean(self._probe_periods)
             self._probe_periods = []
         probe, self.probe = self.probe, None
         waited_before, self.waited_before = self.waited_before, wait > WAIT_HIGH

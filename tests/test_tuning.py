@@ -118,7 +118,7 @@ def test_one_lucky_period_does_not_make_a_probe_pay():
     assert levels == [8, 8, 4, 2, 2, 2] and tuner.hold_left == PROBE_PERIODS  # set just now
 
 
-def test_a_slower_halving_is_not_kept_on_one_lucky_period():
+def test_a_slower_halving_is_not_kept_on_one_lucky_period(caplog):
     """4 takes in flight read 66,000 rows/s, 2 read about 51,000 (22% slower), and one period's
     rows/s varies by 10-25%. A probe to 8 reads no faster: back to 4. The probe down to 2 reads
     61,000 (within 10% of 4's, by luck), then 45,000: the mean (53,000) is not as good, so it
@@ -126,9 +126,14 @@ def test_a_slower_halving_is_not_kept_on_one_lucky_period():
     tuner = make_tuner()
     feed = Feed(tuner)
     levels = []
-    for rate in (66_000.0, 64_000.0, 66_000.0, 66_000.0, 61_000.0, 45_000.0, 66_000.0):
-        feed.period(0.9, rate)
-        levels.append(tuner.level)
+    with caplog.at_level("DEBUG", logger="lance_prefetch.tuning"):
+        for rate in (66_000.0, 64_000.0, 66_000.0, 66_000.0, 61_000.0, 45_000.0, 66_000.0):
+            feed.period(0.9, rate)
+            levels.append(tuner.level)
+    assert caplog.messages[-1] == (  # the log gives the mean the probe was judged on
+        "readahead='auto': 2 -> 4 takes in flight, readahead 3 -> 5 batches "
+        "(the period(s) before waited 90.0%, read 53000 rows/s)"
+    )
     assert levels == [8, 8, 4, 2, 2, 4, 4] and tuner.hold_left == PROBE_PERIODS - 1
     assert tuner.seen[2] == pytest.approx((0.9, 53_000.0))
     assert tuner.seen[4] == pytest.approx((0.9, 66_000.0))
