@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -128,6 +128,11 @@ class FetchError(Exception):
 
 class PrefetcherClosed(Exception):
     """Raised by :meth:`Prefetcher.get` for an item whose fetch was cancelled by closing."""
+
+
+def _given(coroutine: Coroutine[Any, Any, None]) -> Coroutine[Any, Any, None]:
+    """For ``start_soon``, which takes a function: the coroutine, already created."""
+    return coroutine
 
 
 class _Slot:
@@ -270,6 +275,8 @@ class Prefetcher(Generic[T, R]):
         self._threads: set[threading.Thread] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._limiter: anyio.CapacityLimiter | None = None
+        # fetch coroutines handed to the task group that have not started running yet
+        self._unstarted: dict[_Slot, Coroutine[Any, Any, None]] = {}
 
     async def run(self) -> None:
         """Produce until the plan is exhausted, a fetch fails, or the task is cancelled.
@@ -319,16 +326,24 @@ class Prefetcher(Generic[T, R]):
                     slot.units = units
                     self._started += units
                     self._ready.put(slot)
-                    task_group.start_soon(self._fill, item, slot)
+                    fill = self._unstarted[slot] = self._fill(item, slot)
+                    task_group.start_soon(_given, fill, name=f"fill {self._started}")
         except BaseException as exc:
             if not isinstance(exc, anyio.get_cancelled_exc_class()):
                 self._crash = exc  # get() raises it instead of ending quietly
             raise
         finally:
+            # A task cancelled before its first step never runs its coroutine (anyio >= 4.14
+            # wraps it in one of its own): close it, and finish its slot as its finally would.
+            for slot, fill in self._unstarted.items():
+                fill.close()
+                slot.finish(error=PrefetcherClosed("the prefetcher was closed before this item"))
+            self._unstarted.clear()
             self._finished.set()
             self._ready.put(_END)
 
     async def _fill(self, item: T, slot: _Slot) -> None:
+        del self._unstarted[slot]
         try:
             error = await self._attempt(item, slot)
             if error is not None:

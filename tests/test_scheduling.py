@@ -11,6 +11,7 @@ import anyio.to_thread
 import pytest
 from helpers import child_exit_code, loop_threads, wait_until
 
+from lance_prefetch import scheduling
 from lance_prefetch.scheduling import BlockingPrefetcher, FetchError, Prefetcher
 
 
@@ -253,3 +254,37 @@ def test_a_forked_child_cannot_use_an_inherited_iterator():
             os._exit(5)
     assert child_exit_code(pid) == 0, "the forked child hung in next() or got another error"
     iterator.close()
+
+
+def test_a_producer_cancelled_while_handing_out_an_item_finishes_every_slot():
+    """The plan's iterator cancels the producer as it hands out item 3, whose fetch task is then
+    created in a cancelled task group. Every queued slot is finished (get() would wait forever
+    for an unfinished one): item 3's with PrefetcherClosed, and no fetch coroutine is left
+    unawaited (a fetch task that never started is closed by the producer)."""
+    import asyncio
+    import warnings
+
+    from lance_prefetch.scheduling import PrefetcherClosed
+
+    def plan():
+        for item in range(10):
+            if item == 3:
+                asyncio.current_task().cancel()
+            yield item
+
+    prefetcher = Prefetcher(plan(), lambda item: item * 10, readahead=8, max_in_flight=2)
+
+    async def main():
+        with pytest.raises(asyncio.CancelledError):
+            await prefetcher.run()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(main())
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+    slots = []
+    while (slot := prefetcher._ready.get_nowait()) is not scheduling._END:
+        slots.append(slot)
+    assert len(slots) == 4 and all(slot.is_set for slot in slots)
+    assert isinstance(slots[3].error, PrefetcherClosed)
