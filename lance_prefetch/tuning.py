@@ -313,11 +313,11 @@ class DepthTuner:
         wait_before, rate_before = self.seen.get(before, (0.0, float("inf")))
         return GAIN * rate >= rate_before and WAIT_CUT * wait <= max(wait_before, WAIT_HIGH)
 
-    def _remember(self, level: int, wait: float, rate: float) -> None:
-        """Record a period at ``level``; ``seen[level]`` becomes the mean of its latest
-        :data:`JUDGE_PERIODS` periods."""
+    def _remember(self, level: int, periods: list[tuple[float, float]]) -> None:
+        """Record periods (wait, rows/s) at ``level``; ``seen[level]`` becomes the mean of its
+        latest :data:`JUDGE_PERIODS` periods."""
         latest = self._latest.setdefault(level, [])
-        latest.append((wait, rate))
+        latest.extend(periods)
         del latest[:-JUDGE_PERIODS]
         self.seen[level] = _mean(latest)
 
@@ -336,18 +336,19 @@ class DepthTuner:
             self.shrunk_left -= 1
             if self.shrunk_left < 0:
                 self.shrunk_from = None
+        periods = [(wait, rate)]
         if self.probe is not None:  # judged on the mean of its periods
             self._probe_periods.append((wait, rate))
             if len(self._probe_periods) < JUDGE_PERIODS:
                 return
-            wait, rate = self.decided_on = _mean(self._probe_periods)
-            self._probe_periods = []
+            periods, self._probe_periods = self._probe_periods, []
+            wait, rate = self.decided_on = _mean(periods)
         probe, self.probe = self.probe, None
         waited_before, self.waited_before = self.waited_before, wait > WAIT_HIGH
         if wait <= WAIT_HIGH:
             if probe is not None:  # the loop stopped waiting: up paid, down was enough
                 direction, before = probe
-                self._remember(level, wait, rate)
+                self._remember(level, periods)
                 if direction == "down":
                     self._hold(level)
                 elif rate < GAIN * self.seen.get(before, (1.0, 0.0))[1]:
@@ -364,7 +365,7 @@ class DepthTuner:
         self.calm = 0
         if probe is not None:
             direction, before = probe
-            self._remember(level, wait, rate)
+            self._remember(level, periods)
             if direction == "up" and not self._paid(before, wait, rate):
                 # more takes at once did not help: back, and stay a while; but first try below
                 # if that level was never measured (the start level may be above the best one)
@@ -378,7 +379,7 @@ class DepthTuner:
             if direction == "down":
                 self._hold(level if self._as_good(before, wait, rate) else before)
                 return
-        self._remember(level, wait, rate)
+        self._remember(level, periods)
         shrunk_from, self.shrunk_from = self.shrunk_from, None
         if shrunk_from is not None and shrunk_from > level:
             # the last shrink made the loop wait: undo it, and keep that level a while
