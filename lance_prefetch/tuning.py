@@ -193,9 +193,8 @@ class DepthTuner:
         self.floor: int | None = None  # a shrink made the loop wait: do not go below for a while
         self.floor_left = 0
         self.calm = 0
-        # level -> (wait, rows/s) there: the mean of its last JUDGE_PERIODS periods ...
-        self.seen: dict[int, tuple[float, float]] = {}
-        self._latest: dict[int, list[tuple[float, float]]] = {}  # ... which are these
+        # level -> its last JUDGE_PERIODS periods' (wait, rows/s); see ``seen``
+        self._latest: dict[int, list[tuple[float, float]]] = {}
         self.probe: tuple[str, int] | None = None  # ("up" | "down", level before)
         self._probe_periods: list[tuple[float, float]] = []  # the probe's periods so far
         self.decided_on = (0.0, 0.0)  # (wait, rows/s) the last decision was made on
@@ -313,13 +312,18 @@ class DepthTuner:
         wait_before, rate_before = self.seen.get(before, (0.0, float("inf")))
         return GAIN * rate >= rate_before and WAIT_CUT * wait <= max(wait_before, WAIT_HIGH)
 
+    @property
+    def seen(self) -> dict[int, tuple[float, float]]:
+        """Level -> the mean (wait fraction, rows/s) of its latest :data:`JUDGE_PERIODS`
+        periods, for the levels measured so far."""
+        return {level: _mean(periods) for level, periods in self._latest.items()}
+
     def _remember(self, level: int, periods: list[tuple[float, float]]) -> None:
-        """Record periods (wait, rows/s) at ``level``; ``seen[level]`` becomes the mean of its
-        latest :data:`JUDGE_PERIODS` periods."""
+        """Record periods (wait, rows/s) at ``level``, keeping its latest
+        :data:`JUDGE_PERIODS`."""
         latest = self._latest.setdefault(level, [])
         latest.extend(periods)
         del latest[:-JUDGE_PERIODS]
-        self.seen[level] = _mean(latest)
 
     def _hold(self, level: int) -> None:
         self.level, self.hold_left = level, PROBE_PERIODS
