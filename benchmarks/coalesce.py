@@ -1,5 +1,5 @@
 """Per-take cost of a uniform random ``take`` against rows per take: the measurement behind the
-coalescing rule (``lance_prefetch.coalesce``).
+coalescing rule (``lance_prefetch._coalesce``).
 
 Writes (once) a synthetic dataset (``--rows`` rows of id + 128 x float32 vector + label, in
 fragments of ``--rows-per-file``), then, for each number of rows per take, runs ``--threads``
@@ -20,7 +20,7 @@ import time
 import lance
 import numpy as np
 
-from lance_prefetch.bench.data import write_synthetic
+from lance_prefetch._bench.data import write_synthetic
 
 
 def measure(dataset, rows: int, threads: int, seconds: float, sort: bool) -> float:

@@ -1,32 +1,48 @@
 """lance-prefetch: fully random batches from Lance datasets, read concurrently ahead of training.
 
 The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``),
-:class:`BatchLoadError`, :class:`RetryPolicy`, :class:`LoaderStats` (from ``loader.stats()``) and :func:`state_from_dataloader`, and for PyTorch's own samplers the
-map-style :class:`LanceMapDataset` with its :func:`collate`. The modules underneath each do one job:
+:class:`BatchLoadError`, :class:`RetryPolicy`, :class:`LoaderStats` (from ``loader.stats()``),
+:func:`state_from_dataloader`, and for PyTorch's own samplers the map-style
+:class:`LanceMapDataset` with its :func:`collate`. The public modules are the rule books:
 :mod:`~lance_prefetch.sampling` (which rows in which batch), :mod:`~lance_prefetch.permutation`
-(each epoch's order, materialised or computed lazily), :mod:`~lance_prefetch.epochs` (which
-epoch each iteration reads, across processes), :mod:`~lance_prefetch.state` (checkpoint state),
-:mod:`~lance_prefetch.scheduling` (concurrent fetches, bounded readahead),
-:mod:`~lance_prefetch.coalesce` (several batches per ``take``),
-:mod:`~lance_prefetch.tuning` (``readahead="auto"``),
-:mod:`~lance_prefetch.cache` (``cache="memory"``/``"disk"``: epochs served from one scan),
-:mod:`~lance_prefetch.retry` (which read errors are retried, and how),
-:mod:`~lance_prefetch.telemetry` (rows/s, waiting, take latency),
-:mod:`~lance_prefetch.source` (Lance I/O), :mod:`~lance_prefetch.convert` (Arrow to torch),
-:mod:`~lance_prefetch.mapstyle` (the map-style dataset) and
-:mod:`~lance_prefetch.cli` (the ``lance-prefetch`` command).
+(each epoch's order), :mod:`~lance_prefetch.convert` (Arrow to torch),
+:mod:`~lance_prefetch.state` (checkpoint state) and :mod:`~lance_prefetch.retry` (which read
+errors are retried, and how). The machinery lives in private modules; ``docs/design.md`` maps
+them.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
 
-from .dataset import BatchLoadError as BatchLoadError
-from .dataset import PrefetchLoader as PrefetchLoader
-from .mapstyle import LanceMapDataset as LanceMapDataset
-from .mapstyle import collate as collate
+from ._errors import BatchLoadError as BatchLoadError
+from ._telemetry import LoaderStats as LoaderStats
 from .retry import RetryPolicy as RetryPolicy
 from .state import state_from_dataloader as state_from_dataloader
-from .telemetry import LoaderStats as LoaderStats
+
+if TYPE_CHECKING:
+    from ._loader import PrefetchLoader as PrefetchLoader
+    from ._mapstyle import LanceMapDataset as LanceMapDataset
+    from ._mapstyle import collate as collate
+
+# The readers import torch and Lance: they load on first use, so that the rule books (sampling,
+# permutation, state, retry) and the scheduling machinery import without them.
+_READERS = {"PrefetchLoader": "._loader", "LanceMapDataset": "._mapstyle", "collate": "._mapstyle"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _READERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lance_prefetch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_READERS})
+
 
 try:
     __version__ = _version("lance-prefetch")

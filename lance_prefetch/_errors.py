@@ -1,4 +1,4 @@
-"""The error a batch's failure reaches the training loop as (re-exported by :mod:`~lance_prefetch.dataset`)."""
+"""The error a batch's failure reaches the training loop as (re-exported by :mod:`~lance_prefetch._loader`)."""
 
 from __future__ import annotations
 

@@ -6,18 +6,20 @@ import os
 
 import torch.distributed
 
-from ._validate import check_int
+from ._validate import check_rank
 
 __all__ = ["resolve_rank"]
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: explicit, else the ``torch.distributed`` group, else env, else (0, 1)."""
-    if (rank is None) != (world_size is None):
-        raise ValueError(
-            f"pass rank and world_size together (or neither, to detect them), but got "
-            f"rank={rank!r}, world_size={world_size!r}"
-        )
+    """``(rank, world_size)``: as given (both or neither, checked by the config), else from an
+    initialized ``torch.distributed`` group, else from the ``RANK``/``WORLD_SIZE`` environment
+    variables, else ``(0, 1)``.
+
+    Raises:
+        ValueError: only one of the environment variables is set, one is not an integer, or the
+            rank they give is outside ``[0, world_size)``.
+    """
     if rank is None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -30,14 +32,7 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
             rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
         else:
             rank, world_size = 0, 1
-    rank = check_int("rank", rank, minimum=0)
-    world_size = check_int("world_size", world_size, minimum=1)
-    if rank >= world_size:
-        raise ValueError(
-            f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}] "
-            f"for world_size={world_size}"
-        )
-    return rank, world_size
+    return check_rank(rank, world_size)
 
 
 def _env_int(name: str) -> int:

@@ -1,7 +1,7 @@
 """Object-store options: what may be printed, what is checked before Lance is called, and what a
 failed open means.
 
-Used by :mod:`~lance_prefetch.source` (which alone talks to Lance); nothing here imports ``lance``.
+Used by :mod:`~lance_prefetch._source` (which alone talks to Lance); nothing here imports ``lance``.
 Storage options are passed to Lance exactly as given; this module only reads them to
 
 - print them safely (:func:`redact`, :func:`scrub`),

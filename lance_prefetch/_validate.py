@@ -1,14 +1,34 @@
-"""Argument checks shared by the public entry points.
+"""Argument checks: the one place where a user's value is judged.
 
 Every check names the parameter, the value it got and what would be accepted, and raises
 ``TypeError`` for a wrong type and ``ValueError`` for a wrong value (the convention of
-``torch.utils.data`` and anyio).
+``torch.utils.data`` and anyio). The config objects (:mod:`lance_prefetch._config`,
+:class:`~lance_prefetch.RetryPolicy`, :class:`~lance_prefetch.sampling.EpochPlan`) call them;
+inner code trusts what they let through.
 """
 
 from __future__ import annotations
 
+import math
 import operator
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+__all__ = [
+    "check_bool",
+    "check_callable",
+    "check_choice",
+    "check_depths",
+    "check_folder",
+    "check_int",
+    "check_int_or_auto",
+    "check_names",
+    "check_rank",
+    "check_seconds",
+    "check_str_mapping",
+    "check_version",
+]
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
@@ -43,3 +63,228 @@ def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} should be True or False, but got {name}={value!r}")
     return value
+
+
+def check_int_or_auto(
+    name: str, value: Any, *, minimum: int = 1, expected: str | None = None
+) -> int | str:
+    """``value`` as an int ``>= minimum``, or the string ``"auto"``.
+
+    Args:
+        expected (str, optional): what the ``TypeError`` says is accepted. Default: ``None``,
+            "an integer or 'auto'" in :func:`check_int`'s wording.
+
+    Raises:
+        TypeError: neither an int nor ``"auto"`` (another string included).
+        ValueError: an int below ``minimum``.
+    """
+    if isinstance(value, str) and value == "auto":
+        return value
+    if expected is not None and (isinstance(value, (str, bool)) or not _is_index(value)):
+        raise TypeError(f"{name} should be {expected}, but got {name}={value!r}")
+    if isinstance(value, str):
+        raise TypeError(f"{name} should be an integer or 'auto', but got {name}={value!r} (str)")
+    try:
+        return check_int(name, value, minimum=minimum)
+    except TypeError as exc:
+        raise TypeError(
+            str(exc).replace("should be an integer,", "should be an integer or 'auto',")
+        ) from None
+
+
+def check_choice(
+    name: str,
+    value: Any,
+    choices: Sequence[str],
+    *,
+    none: bool = False,
+    explain: Mapping[str | None, str] | None = None,
+) -> Any:
+    """``value`` if it is one of ``choices`` (or ``None`` when ``none``).
+
+    Args:
+        explain (Mapping, optional): a few words on each choice for the ``ValueError`` (a
+            ``None`` key explains ``None``). Default: ``None``, the choices listed alone.
+
+    Raises:
+        TypeError: not a string (nor ``None`` when allowed).
+        ValueError: another string.
+    """
+    if value is None and none:
+        return None
+    if not isinstance(value, str):
+        if none:
+            listed = _either([repr(choice) for choice in choices] + ["None"])
+            raise TypeError(f"{name} should be {listed}, but got {name}={value!r}")
+        raise TypeError(f"{name} should be a string, but got {name}={value!r}")
+    if value not in choices:
+        if explain is None:
+            listed = "one of " + ", ".join(map(repr, choices))
+        else:
+            described = [f"{choice!r} ({explain[choice]})" for choice in choices]
+            if none and None in explain:
+                described.append(f"None ({explain[None]})")
+            listed = _either(described)
+        raise ValueError(f"{name} should be {listed}, but got {name}={value!r}")
+    return value
+
+
+def check_seconds(
+    name: str, value: Any, *, positive: bool = False, none_means: str | None = None
+) -> float | None:
+    """``value`` as a finite number of seconds (``>= 0``, or ``> 0`` when ``positive``), or
+    ``None`` when ``none_means`` says what ``None`` stands for.
+
+    Raises:
+        TypeError: not a number (a bool is not one), nor an allowed ``None``.
+        ValueError: negative, zero when ``positive``, infinite or NaN.
+    """
+    if value is None and none_means is not None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if none_means is not None:
+            raise TypeError(f"{name} should be a number of seconds or None, but got {value!r}")
+        raise TypeError(f"{name} should be a number of seconds, but got {name}={value!r}")
+    if not ((value > 0 if positive else value >= 0) and math.isfinite(value)):
+        bound = "> 0" if positive else ">= 0"
+        none = f", or None for {none_means}" if none_means is not None else ""
+        raise ValueError(
+            f"{name} should be a finite number of seconds {bound}{none}, but got {name}={value}"
+        )
+    return float(value)
+
+
+def check_callable(name: str, value: Any) -> Any:
+    """``value`` if it is callable or ``None``.
+
+    Raises:
+        TypeError: anything else.
+    """
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} should be callable or None, but got {value!r}")
+    return value
+
+
+def check_depths(readahead: Any, max_in_flight: Any) -> tuple[int, int]:
+    """``readahead >= 1`` and ``1 <= max_in_flight <= readahead``, as ints.
+
+    Raises:
+        TypeError: either is not an integer.
+        ValueError: either is out of range.
+    """
+    readahead = check_int("readahead", readahead, minimum=1)
+    max_in_flight = check_int("max_in_flight", max_in_flight, minimum=1)
+    if max_in_flight > readahead:
+        raise ValueError(
+            f"max_in_flight should be <= readahead, but got max_in_flight={max_in_flight} > "
+            f"readahead={readahead}; every fetch in flight holds one of the readahead slots"
+        )
+    return readahead, max_in_flight
+
+
+def check_names(name: str, value: Iterable[str] | None) -> tuple[str, ...] | None:
+    """``value`` as a non-empty tuple of distinct strings (column names), or ``None``.
+
+    Raises:
+        TypeError: not an iterable of strings (a lone string is refused).
+        ValueError: empty, or a name repeats.
+    """
+    if value is None:
+        return None
+    try:
+        names = None if isinstance(value, (str, bytes)) else tuple(value)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(item, str) for item in names):
+        raise TypeError(f"{name} should be a list of column names, but got {name}={value!r}")
+    if not names:
+        raise ValueError(f"{name} should name at least one column, or be None for all columns")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{name} should not repeat a name, but got {name}={list(names)}")
+    return names
+
+
+def check_str_mapping(name: str, value: Any) -> dict[str, str] | None:
+    """``value`` as a ``dict`` of ``str`` to ``str``, or ``None``. The message never shows the
+    values (storage options hold secrets), only the keys.
+
+    Raises:
+        TypeError: not such a mapping.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        shown = (
+            f"a mapping with keys {sorted(map(str, value))}"
+            if isinstance(value, Mapping)
+            else type(value).__name__
+        )
+        raise TypeError(f"{name} should be a dict of str to str, but got {shown}")
+    return dict(value)
+
+
+def check_version(name: str, value: Any) -> int | str | None:
+    """``value`` as a dataset version: ``None``, a version number ``>= 1`` or a tag (a str).
+
+    Raises:
+        TypeError: neither an int nor a str. ValueError: a number below 1.
+    """
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return check_int(name, value, minimum=1)
+    except TypeError:
+        raise TypeError(
+            f"{name} should be an int (version number) or a str (tag), but got {name}={value!r}"
+        ) from None
+
+
+def check_folder(name: str, value: Any) -> Any:
+    """``value`` if it is ``None`` or a path (``str`` or ``os.PathLike``) that is not a file and
+    not empty (a folder, created later if missing).
+
+    Raises:
+        TypeError: not a path. ValueError: empty, or an existing file.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} should be a path (str or os.PathLike), got {value!r}")
+    path = os.fspath(value)
+    if path == "" or os.path.isfile(path):
+        raise ValueError(
+            f"{name} should be a folder (created if missing), but got {name}={path!r}"
+            + (", which is a file" if path else "")
+        )
+    return value
+
+
+def check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
+    """``(rank, world_size)`` as ints with ``0 <= rank < world_size``.
+
+    Raises:
+        TypeError: not integers. ValueError: out of range.
+    """
+    rank = check_int("rank", rank, minimum=0)
+    world_size = check_int("world_size", world_size, minimum=1)
+    if rank >= world_size:
+        raise ValueError(
+            f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}] "
+            f"for world_size={world_size}"
+        )
+    return rank, world_size
+
+
+def _is_index(value: Any) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _either(items: list[str]) -> str:
+    """``"a, b or c"``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["check_schema", "to_tensors"]
+__all__ = ["check_schema", "fixed_row_bytes", "to_tensors"]
 
 # Arrow types torch has no (fully supported) dtype for: widened, with a copy.
 _WIDEN = {pa.uint16(): np.int32, pa.uint32(): np.int64, pa.uint64(): np.int64}
@@ -231,3 +231,25 @@ def _numbers(name: str, array: pa.Array) -> torch.Tensor:
         return torch.from_dlpack(array)  # zero copy, no read-only warning
     except (BufferError, TypeError, NotImplementedError):  # an Arrow build without DLPack export
         return torch.from_numpy(array.to_numpy(zero_copy_only=False).copy())
+
+
+def fixed_row_bytes(schema: pa.Schema) -> int | None:
+    """Bytes a row of ``schema`` takes in Arrow buffers when every column is fixed-width
+    (numbers, bools, fixed-size lists and binaries of them), else ``None``."""
+    total = 0.0
+    for field in schema:
+        width = _fixed_bits(field.type)
+        if width is None:
+            return None
+        total += width / 8
+    return int(np.ceil(total))
+
+
+def _fixed_bits(arrow_type: pa.DataType) -> float | None:
+    if pa.types.is_fixed_size_list(arrow_type):
+        inner = _fixed_bits(arrow_type.value_type)
+        return None if inner is None else inner * arrow_type.list_size
+    try:
+        return float(arrow_type.bit_width)
+    except ValueError:  # variable width
+        return None

@@ -7,7 +7,7 @@ each position of the epoch (:meth:`Permutation.take`).
 ``"array"`` (:class:`ArrayPermutation`)
     numpy's ``Generator(PCG64(SeedSequence([seed, epoch]))).shuffle`` of ``0 .. N-1``
     (:func:`epoch_permutation`), materialised on first use: ``N * itemsize`` bytes (4 bytes a row
-    below 2**32 rows), ~70-140 ns a row, all spent before the first batch. The order every earlier
+    below 2**32 rows), its shuffle all spent before the first batch. The order every earlier
     version produced.
 ``"lazy"`` (:class:`LazyPermutation`)
     A keyed bijection computed on demand, constant memory. A position is encrypted by a Feistel
@@ -19,7 +19,8 @@ each position of the epoch (:meth:`Permutation.take`).
     ``SeedSequence([seed, epoch]).generate_state(rounds, uint64)``. 8 rounds; 24 for ``b <= 7``
     (at most 128 rows), where fewer are measurably non-uniform. A value that lands at ``>= N`` is
     encrypted again (cycle walking) until it falls in ``[0, N)``: still a bijection on
-    ``[0, N)``, with fewer than 2 encryptions a value on average. ~0.1-0.2 µs a row.
+    ``[0, N)``, with fewer than 2 encryptions a value on average (its cost per row is in
+    ``docs/benchmarks.md``).
 
 ``"auto"`` picks ``"lazy"`` above :data:`LAZY_THRESHOLD` rows, else ``"array"``: datasets up to
 that size keep exactly the order they had before the lazy kind existed, and no process holds more

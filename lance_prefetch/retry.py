@@ -1,10 +1,10 @@
 """Retries: which read errors are worth another attempt, and how long to wait between attempts.
 
 :class:`RetryPolicy` is a small, picklable description (it travels into DataLoader workers with the
-loader); :meth:`RetryPolicy.retrying` turns it into a ``tenacity.AsyncRetrying`` that
-:mod:`~lance_prefetch.scheduling` runs on its event loop (``retry_on`` itself runs in a worker
-thread). Waiting between attempts happens on the
-event loop, so a batch that backs off holds no thread and other reads carry on meanwhile.
+loader); :func:`run_with_retries` runs its attempts on the prefetcher's event loop through a
+``tenacity.AsyncRetrying`` (``retry_on`` itself runs in a worker thread). Waiting between attempts
+happens on the event loop, so a batch that backs off holds no thread and other reads carry on
+meanwhile.
 
 Lance retries each HTTP request to an object store itself (storage options
 ``client_max_retries``, default 3, and ``client_retry_timeout``); these retries wrap a whole
@@ -15,17 +15,18 @@ answering 503 "slow down" for a while, a connection that drops, a request that h
 
 from __future__ import annotations
 
-import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
 import tenacity
 
-__all__ = ["RetryPolicy", "check_retry", "is_transient"]
+from ._validate import check_seconds
+
+__all__ = ["RetryPolicy", "is_transient", "run_with_retries"]
 
 T = TypeVar("T")
 
@@ -61,7 +62,7 @@ def is_transient(error: BaseException) -> bool:
     "404", "403", "Forbidden", "AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId" or
     "Permission denied", and every error that is not an ``OSError`` (bad offsets are an
     ``IndexError``, Lance's schema errors a ``ValueError``, a short read a
-    :class:`~lance_prefetch.source.ShortReadError`).
+    :class:`~lance_prefetch._source.ShortReadError`).
     """
     if isinstance(error, (TimeoutError, ConnectionError)):
         return True
@@ -128,15 +129,15 @@ class RetryPolicy:
             raise ValueError(
                 f"attempts should be >= 1 (1 means no retry), but got attempts={self.attempts}"
             )
-        _check_seconds("backoff", self.backoff)
-        _check_seconds("max_backoff", self.max_backoff)
+        check_seconds("backoff", self.backoff)
+        check_seconds("max_backoff", self.max_backoff)
         if self.max_backoff < self.backoff:
             raise ValueError(
                 f"max_backoff should be >= backoff, but got max_backoff={self.max_backoff} < "
                 f"backoff={self.backoff}"
             )
         if self.timeout is not None:
-            _check_seconds("timeout", self.timeout)
+            check_seconds("timeout", self.timeout)
             if self.timeout == 0:
                 raise ValueError("timeout should be > 0 seconds, or None for no limit")
         if not callable(self.retry_on):
@@ -185,24 +186,45 @@ class RetryPolicy:
         }
 
 
-def check_retry(retry: object) -> RetryPolicy | None:
-    """Return ``retry`` if it is a :class:`RetryPolicy` or ``None`` (the ``retry`` argument of the
-    public readers).
+async def run_with_retries(
+    policy: RetryPolicy | None,
+    error: Exception,
+    attempt: Callable[[], Awaitable[Exception | None]],
+    judge: Callable[[Exception], Awaitable[bool]],
+    *,
+    done: Callable[[], bool] = lambda: False,
+) -> tuple[Exception | None, int]:
+    """Attempt again by ``policy`` after a first attempt failed with ``error``, on the event loop.
 
-    Raises:
-        TypeError: anything else.
+    ``attempt()`` makes one more attempt and returns its error, or ``None`` once it succeeded;
+    ``judge(error)`` says whether an error is worth another (the caller decides where
+    ``retry_on`` runs); ``done()`` true before an attempt stops the retries (the result arrived
+    by other means). Waits between attempts run on the loop (``anyio.sleep``), holding no thread.
+
+    Returns:
+        ``(None, attempts)`` once an attempt succeeded or ``done()``, else ``(the last error,
+        attempts)``: the error was not transient, or the attempts ran out. ``attempts`` counts
+        the first one. An error raised by ``judge`` itself is then the last error.
     """
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise TypeError(
-            f"retry should be a lance_prefetch.RetryPolicy or None, but got retry={retry!r}"
-        )
-    return retry
+    if policy is None or policy.attempts <= 1:
+        return error, 1
+    attempts, failed, retryable = 1, error, False
 
+    def judged(_: BaseException) -> bool:
+        return retryable
 
-def _check_seconds(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} should be a number of seconds, but got {name}={value!r}")
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(
-            f"{name} should be a finite number of seconds >= 0, but got {name}={value}"
-        )
+    try:
+        async for trial in policy.retrying(judged):
+            with trial:
+                attempts = trial.retry_state.attempt_number
+                if attempts > 1:
+                    if done():
+                        return None, attempts
+                    failed = await attempt()
+                if failed is not None:
+                    retryable = False  # stays False if judge raises: its error is the last
+                    retryable = await judge(failed)
+                    raise failed
+        return None, attempts
+    except Exception as exc:  # not retryable, or the attempts ran out
+        return exc, attempts

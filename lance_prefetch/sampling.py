@@ -62,6 +62,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._positions import first_local
 from ._validate import check_bool, check_int
 from .permutation import (
     CHUNK_ROWS,
@@ -73,13 +74,7 @@ from .permutation import (
     resolve_kind,
 )
 
-__all__ = ["EpochPlan", "PlannedBatch", "epoch_permutation", "first_local", "index_dtype"]
-
-
-def first_local(worker_id: int, num_workers: int, skip: int = 0) -> int:
-    """The rank's first batch that worker ``worker_id`` of ``num_workers`` produces after the
-    rank's first ``skip`` batches: the smallest ``j >= skip`` with ``j % num_workers == worker_id``."""
-    return worker_id + -(-max(skip - worker_id, 0) // num_workers) * num_workers
+__all__ = ["EpochPlan", "PlannedBatch", "epoch_permutation", "index_dtype"]
 
 
 @dataclass(frozen=True)

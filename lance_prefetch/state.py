@@ -23,15 +23,15 @@ resume with other ``num_workers`` or ``world_size``, merge them with :func:`stat
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from ._positions import end_position, merge_worker_states
+
 __all__ = [
     "FORMAT_VERSION",
     "check_state",
-    "end_position",
     "make_state",
     "state_from_dataloader",
 ]
@@ -221,14 +221,7 @@ def state_from_dataloader(dataloader_state: Mapping[str, Any]) -> dict[str, Any]
             "dataloader_state holds no PrefetchLoader worker states; pass the state_dict() of a "
             "StatefulDataLoader that iterates a PrefetchLoader"
         )
-    shared = {(s["epoch"], s["worker"]["start"], s["worker"]["num_workers"]) for s in states}
-    if len(shared) != 1:
-        raise ValueError(f"the workers' states disagree on (epoch, start, num_workers): {shared}")
-    merged = dict(max(states, key=lambda s: s["position"]))
-    del merged["worker"]
-    end = end_position(merged["num_rows"], merged["batch_size"], drop_last=merged["drop_last"])
-    merged["position"] = min(merged["position"], end)
-    return merged
+    return merge_worker_states(states)
 
 
 def _same_uri(saved: str, current: str) -> bool:
@@ -243,20 +236,6 @@ def _same_uri(saved: str, current: str) -> bool:
     if saved == current:
         return True
     return local(saved) is not None and local(saved) == local(current)
-
-
-def end_position(num_rows: int, batch_size: int, *, drop_last: bool) -> int:
-    """The position that stands for "this epoch is over", for any world size.
-
-    A plan started there has no batches (see :mod:`lance_prefetch.sampling`): fewer than
-    ``batch_size`` rows remain with ``drop_last=True`` (``num_rows // batch_size``), none with
-    ``drop_last=False`` (``ceil(num_rows / batch_size)``). Every earlier position still has
-    batches, so a finished epoch's position (which a padded last round can push past this) is
-    saved as this one.
-    """
-    if drop_last:
-        return num_rows // batch_size
-    return math.ceil(num_rows / batch_size)
 
 
 def _check_worker(state: Mapping[str, Any]) -> None:

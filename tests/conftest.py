@@ -67,7 +67,7 @@ def fresh_ids(tmp_path: Path):
 def s3():
     """A moto S3 server on 127.0.0.1 (signatures checked) with the bucket ``training``; stopped at
     the end of the session, leaving no thread or port behind (checked)."""
-    from s3server import S3Server  # moto and boto3 load only when an S3 test runs
+    from support.s3server import S3Server  # moto and boto3 load only when an S3 test runs
 
     server = S3Server().start()
     port = int(server.endpoint.rsplit(":", 1)[1])
@@ -129,7 +129,13 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-#: How a test marked ``@exact`` (``helpers.exact``) reads: PrefetchLoader's defaults for it.
+#: The ways of reading that tests of exact batches run in (the ``make_loader`` fixture):
+#: PrefetchLoader options merged under the test's own. In-process tests run all four. A test
+#: through DataLoader workers or new processes runs the modes it can tell apart (a cache filled
+#: in each worker, a cache against writers or versions, groups of takes against worker shares),
+#: chosen with ``@pytest.mark.parametrize("make_loader", [...], indirect=True)``; every mode
+#: still runs through workers in ``test_ranks_times_workers``,
+#: ``test_stateful_dataloader_resumes_its_workers_in_place`` and ``test_cache.py``.
 READ_MODES = {
     "coalesced": {},  # the defaults: coalesce="auto", no cache
     "per-take": {"coalesce": 1},
@@ -139,12 +145,15 @@ READ_MODES = {
 
 
 @pytest.fixture(params=list(READ_MODES))
-def read_mode(request, monkeypatch):
-    """Run a test with each way of reading (:data:`READ_MODES`): every ``PrefetchLoader`` the
-    test builds in this process takes these as its defaults (copies pickled into DataLoader
-    workers carry them along); arguments the test passes still win."""
+def make_loader(request):
+    """A ``PrefetchLoader`` factory for one read mode (:data:`READ_MODES`): the test's arguments,
+    over the mode's options. ``loader_class``: a subclass to build instead."""
     from lance_prefetch import PrefetchLoader
 
-    defaults = {**PrefetchLoader.__init__.__kwdefaults__, **READ_MODES[request.param]}
-    monkeypatch.setattr(PrefetchLoader.__init__, "__kwdefaults__", defaults)
-    return request.param
+    mode = READ_MODES[request.param]
+
+    def make(*args, loader_class=PrefetchLoader, **options):
+        return loader_class(*args, **{**mode, **options})
+
+    make.mode = request.param
+    return make

@@ -19,12 +19,13 @@ psutil = pytest.importorskip("psutil")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
-from lance_prefetch import cli  # noqa: E402
-from lance_prefetch.bench import local_s3, report  # noqa: E402
-from lance_prefetch.bench._process import ManagedProcess  # noqa: E402
-from lance_prefetch.bench.data import write_synthetic  # noqa: E402
-from lance_prefetch.bench.latency_proxy import Latency  # noqa: E402
-from lance_prefetch.bench.run import BenchConfig, run_bench  # noqa: E402
+from lance_prefetch import _cli as cli  # noqa: E402
+from lance_prefetch._bench import local_s3, report, verdicts  # noqa: E402
+from lance_prefetch._bench._process import ManagedProcess  # noqa: E402
+from lance_prefetch._bench.config import BenchConfig  # noqa: E402
+from lance_prefetch._bench.data import write_synthetic  # noqa: E402
+from lance_prefetch._bench.latency_proxy import Latency  # noqa: E402
+from lance_prefetch._bench.run import run_bench  # noqa: E402
 from lance_prefetch.sampling import EpochPlan  # noqa: E402
 
 
@@ -176,12 +177,12 @@ def _contender(name, label, sha, batches_sha="b", rows=8):
 def test_check_ids_finds_a_contender_that_read_other_rows():
     same = [_contender("sequential", "sequential", "a"), _contender("ceiling", "ceiling", "a")]
     torch_reader = _contender("lance-torch", "lance-torch", "z")
-    assert report.check_ids([*same, torch_reader])["ok"]
-    assert report.same_rows_verdict(report.check_ids([*same, torch_reader])) == "yes"
-    assert "lance-torch" in report.check_ids([*same, torch_reader])["excluded"]
-    other = report.check_ids([*same, _contender("lance-prefetch", "lance-prefetch r1/m1", "x")])
+    assert verdicts.check_ids([*same, torch_reader])["ok"]
+    assert verdicts.same_rows_verdict(verdicts.check_ids([*same, torch_reader])) == "yes"
+    assert "lance-torch" in verdicts.check_ids([*same, torch_reader])["excluded"]
+    other = verdicts.check_ids([*same, _contender("lance-prefetch", "lance-prefetch r1/m1", "x")])
     assert not other["ok"] and not other["epochs"]["0"]["same_rows"]
-    reordered = report.check_ids([*same, _contender("map-style", "map-style", "a", "c")])
+    reordered = verdicts.check_ids([*same, _contender("map-style", "map-style", "a", "c")])
     assert not reordered["ok"] and reordered["epochs"]["0"]["same_rows"]
     assert not reordered["epochs"]["0"]["same_batches"]
 
@@ -215,13 +216,13 @@ def _fake_report(tmp_path):
            "passes": passes(rate, wait, 100), **common}
           for ra, mif, rate, wait in ((4, 1, 1100, 0.5), (4, 4, 4500, 0.01), (16, 4, 3900, 0.08))),
     ]  # fmt: skip
-    return {"meta": meta, "contenders": contenders, "ids_check": report.check_ids(contenders)}
+    return {"meta": meta, "contenders": contenders, "ids_check": verdicts.check_ids(contenders)}
 
 
 def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
     """Targets use the best setting; a failed contender is a table row and not evaluated."""
     fake = _fake_report(tmp_path)
-    targets = {t["target"]: t for t in report.evaluate_targets(fake)}
+    targets = {t["target"]: t for t in verdicts.evaluate_targets(fake)}
     four_x = targets["emulated S3: best lance-prefetch >= 4x sequential rows/s"]
     assert four_x["met"] and four_x["value"] == pytest.approx(4.5)
     assert targets["emulated S3: best lance-prefetch >= map-style rows/s"]["met"] is None
@@ -241,7 +242,7 @@ def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
 def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     """repeats=3: every contender in round 0, then the lance-prefetch settings twice more, each
     round rotated by one; the report keeps each setting's median run and median wait."""
-    from lance_prefetch.bench.run import _plan
+    from lance_prefetch._bench.run import _plan
 
     config = BenchConfig(
         readahead=(4, 16), max_in_flight=(4,), contenders=("sequential", "lance-prefetch"),
@@ -269,7 +270,7 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
         run["passes"]["step"]["wait_fraction"] = wait
         runs.append(run)
     runs.append({**r4, "round": 4, "error": "RuntimeError: boom", "passes": None})
-    merged = report.merge_rounds(runs)
+    merged = verdicts.merge_rounds(runs)
     assert [m["label"] for m in merged] == ["sequential", "lance-prefetch r4/m1"]
     entry = merged[1]
     # rows/s 1100, 900, 1300, 1000: the lower middle is 1000 (round 3); waits 0.5, 0.3, 0.7, 0.05
@@ -279,26 +280,26 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     assert [r.get("rows_per_s") for r in entry["rounds"]] == [1100, 900, 1300, 1000, None]
     assert entry["rounds"][-1] == {"round": 4, "error": "RuntimeError: boom"}
     assert entry["failed_rounds"] == ["RuntimeError: boom"]
-    assert report.failures(merged) == ["lance-prefetch r4/m1"]  # a failed round fails the run
+    assert verdicts.failures(merged) == ["lance-prefetch r4/m1"]  # a failed round fails the run
     assert report._settings_text(entry).endswith(
         "; median of 4 runs (900-1,300 rows/s, waited 50.0%); 1 of 5 runs FAILED: RuntimeError: boom"
     )
     # the runs themselves are not changed
     assert [run["passes"]["step"]["wait_fraction"] for run in runs[1:5]] == [0.5, 0.3, 0.7, 0.05]
-    assert report.failures(report.merge_rounds(runs[:4])) == []
+    assert verdicts.failures(verdicts.merge_rounds(runs[:4])) == []
     # every run of a setting failed: its first failure, with the rounds
     failing = [{**r4, "round": i, "error": f"E{i}", "passes": None} for i in range(2)]
-    (alone,) = report.merge_rounds(failing)
+    (alone,) = verdicts.merge_rounds(failing)
     assert alone["error"] == "E0" and alone["failed_rounds"] == ["E0", "E1"]
 
     # the same-ids check: a setting's rounds count once (one label is not "two contenders")
     one = [_contender("lance-prefetch", "lance-prefetch r4/m2", "a") for _ in range(2)]
-    check = report.check_ids(one)
+    check = verdicts.check_ids(one)
     assert not check["ok"] and check["epochs"]["0"]["contenders"] == ["lance-prefetch r4/m2"]
-    assert not check["compared"] and report.same_rows_verdict(check).startswith("not checked:")
-    other = report.check_ids([*one, _contender("lance-prefetch", "lance-prefetch r4/m2", "b")])
+    assert not check["compared"] and verdicts.same_rows_verdict(check).startswith("not checked:")
+    other = verdicts.check_ids([*one, _contender("lance-prefetch", "lance-prefetch r4/m2", "b")])
     assert not other["epochs"]["0"]["same_rows"]  # a round that read other rows is caught
-    assert not other["compared"] and report.same_rows_verdict(other) == "NO"
+    assert not other["compared"] and verdicts.same_rows_verdict(other) == "NO"
 
 
 # -- whole runs ------------------------------------------------------------------------------------
@@ -311,7 +312,7 @@ def test_every_contender_reads_the_same_rows(tmp_path):
     uri = write_synthetic(str(tmp_path / "ids.lance"), 700, rows_per_file=250)
     config = BenchConfig(
         uri=uri, batch_size=32, batches=6, warmup_batches=1, step_ms=1, readahead=(2,),
-        max_in_flight=(2,), ceiling_concurrency=(1, 3), ceiling_repeats=1, map_workers=2,
+        max_in_flight=(2,), ceiling_concurrency=(1, 3), ceiling_repeats=1, map_workers=1,
         contenders=("sequential", "map-style", "ceiling", "lance-prefetch"), record_ids=True,
         out_dir=tmp_path / "out", name="ids", progress=False,
     )  # fmt: skip
@@ -460,13 +461,13 @@ def test_auto_is_also_compared_round_by_round():
         {"round": 2, "rows_per_s": 160.0}, {"round": 3, "error": "E"},
         {"round": 4, "rows_per_s": 40.0},
     ]}  # fmt: skip
-    assert report.paired_ratio(auto, fixed) == {
+    assert verdicts.paired_ratio(auto, fixed) == {
         "median": 1.0, "low": 0.9, "high": 1.25, "rounds": 3
     }  # fmt: skip
     four = {"rounds": [*auto["rounds"][:3], {"round": 4, "rows_per_s": 10.0}]}
-    assert report.paired_ratio(four, fixed)["median"] == 0.9  # the lower middle: 0.25, 0.9, ...
-    assert report.paired_ratio({"rounds": []}, fixed) is None
-    assert report.paired_ratio({"passes": {}}, fixed) is None  # a single run: no rounds
+    assert verdicts.paired_ratio(four, fixed)["median"] == 0.9  # the lower middle: 0.25, 0.9, ...
+    assert verdicts.paired_ratio({"rounds": []}, fixed) is None
+    assert verdicts.paired_ratio({"passes": {}}, fixed) is None  # a single run: no rounds
 
     def setting(label, readahead, rates):
         return {
@@ -482,6 +483,6 @@ def test_auto_is_also_compared_round_by_round():
         setting("auto", "auto", [90.0, 95.0, 200.0]),
     ]
     meta = {"meta": {"settings": {"batch_size": 256}}, "contenders": contenders}
-    (target,) = [t for t in report._issue7_targets(meta, False) if "10%" in t["target"]]
+    (target,) = [t for t in verdicts._performance_targets(meta, False) if "10%" in t["target"]]
     assert target["value"] == 0.95 and target["met"]  # medians: 95 / 100
     assert target["detail"].endswith("round by round: median 0.95x (0.90-1.25x over 3 rounds)")

@@ -4,7 +4,6 @@ and safe to fill from two processes at once; bad values are refused before any I
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import time
@@ -13,11 +12,12 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import batch_ids, collect, expected_rank_ids
+from support.helpers import WORKERS, batch_ids, collect, expected_rank_ids
 
 from lance_prefetch import PrefetchLoader, RetryPolicy
-from lance_prefetch.cache import DiskSource, MemorySource, fixed_row_bytes
-from lance_prefetch.source import LanceSource
+from lance_prefetch._cache import DiskCache, MemoryCache
+from lance_prefetch._source import LanceSource
+from lance_prefetch.convert import fixed_row_bytes
 
 CACHES = ["memory", "disk"]
 
@@ -82,9 +82,9 @@ def test_iter_fills_the_cache_before_any_take(ids_1003, tmp_path, monkeypatch, c
     loader = PrefetchLoader(
         ids_1003, 100, coalesce=1, cache=cache, retry=RetryPolicy(timeout=0.2), **options
     )
-    assert not loader._source.filled
+    assert not loader._source.cached
     iterator = iter(loader)
-    assert loader._source.filled  # before the first take
+    assert loader._source.cached  # before the first take
     assert batch_ids(iterator) == expected_rank_ids(loader)
     assert loader.stats().cache_hit_ratio == 1.0
     assert "cache hits 100.0%" in str(loader.stats())
@@ -133,10 +133,10 @@ def test_memory_cache_of_variable_width_columns_stops_at_the_budget(tmp_path):
 def test_memory_cache_pickles_without_its_rows(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, cache="memory")
     list(loader)
-    assert loader._source.filled and loader._source.nbytes == 1003 * 28
+    assert loader._source.cached and loader._source.nbytes == 1003 * 28
     clone = pickle.loads(pickle.dumps(loader))
     assert len(pickle.dumps(loader)) < 10_000
-    assert not clone._source.filled
+    assert not clone._source.cached
     assert batch_ids(clone) == expected_rank_ids(clone)
 
 
@@ -174,7 +174,7 @@ def _fill_and_read(uri: str, cache_dir: str, seed: int) -> list[list[int]]:
 def test_two_processes_filling_one_disk_cache_at_once(fresh_ids, tmp_path):
     uri = fresh_ids(3000, rows_per_file=500)
     cache_dir = str(tmp_path / "cache")
-    context = multiprocessing.get_context("spawn")
+    context = WORKERS  # processes that never opened the dataset
     with context.Pool(2) as pool:
         results = pool.starmap(_fill_and_read, [(uri, cache_dir, 1), (uri, cache_dir, 2)])
     for seed, ids in zip((1, 2), results, strict=True):
@@ -191,7 +191,7 @@ def test_two_processes_filling_one_disk_cache_at_once(fresh_ids, tmp_path):
 def test_disk_cache_default_dir_comes_from_the_environment(ids_1003, tmp_path, monkeypatch):
     monkeypatch.setenv("LANCE_PREFETCH_CACHE_DIR", str(tmp_path / "env"))
     loader = PrefetchLoader(ids_1003, 10, cache="disk")
-    assert isinstance(loader._source, DiskSource)
+    assert isinstance(loader._source, DiskCache)
     assert loader._source.path.parent == tmp_path / "env"
     assert not (tmp_path / "env").exists()  # nothing written before the first read
     next(iter(loader))
@@ -207,7 +207,7 @@ def test_caches_read_s3_datasets_by_scan(s3, s3_ids_503, tmp_path):
             s3_ids_503, 10, seed=2, drop_last=False, storage_options=options, cache=cache, **extra
         )
         assert epoch_values(loader, 0) == expected
-    assert isinstance(loader._source, DiskSource)
+    assert isinstance(loader._source, DiskCache)
 
 
 @pytest.mark.parametrize(
@@ -236,8 +236,8 @@ def test_bad_cache_options_are_refused_before_any_io(options, error, match):
 
 
 def test_memory_source_takes_check_offsets(ids_1003):
-    source = MemorySource(LanceSource(ids_1003), 1 << 20)
+    source = MemoryCache(LanceSource(ids_1003), 1 << 20)
     with pytest.raises(IndexError, match=r"row offsets must be in \[0, 1003\)"):
         source.take(np.array([0, 1003]))
-    assert not source.filled  # refused before the fill
+    assert not source.cached  # refused before the fill
     assert source.take(np.array([5, 1, 5]))["id"].to_pylist() == [5, 1, 5]

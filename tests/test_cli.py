@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from lance_prefetch import cli, demo
+from lance_prefetch import _cli as cli
+from lance_prefetch import _demo as demo
 
 
 @pytest.mark.slow

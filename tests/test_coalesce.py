@@ -10,12 +10,19 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import batch_ids, expected_rank_ids, loop_threads, wait_until
+from support.helpers import batch_ids, expected_rank_ids, loop_threads, wait_until
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
-from lance_prefetch.coalesce import TARGET_ROWS, Group, check_coalesce, coalesce_size, groups, split
+from lance_prefetch._coalesce import (
+    TARGET_ROWS,
+    Group,
+    coalesce_size,
+    groups,
+    split,
+)
+from lance_prefetch._config import LoaderConfig
+from lance_prefetch._source import LanceSource
 from lance_prefetch.sampling import EpochPlan, PlannedBatch
-from lance_prefetch.source import LanceSource
 
 
 @pytest.mark.parametrize(
@@ -44,7 +51,7 @@ def test_an_explicit_coalesce_is_kept_up_to_readahead():
 )  # fmt: skip
 def test_bad_coalesce_values(value, error, match):
     with pytest.raises(error, match=match):
-        check_coalesce(value)
+        LoaderConfig(batch_size=4, coalesce=value)  # the one check, before any I/O
     with pytest.raises(error, match=match):
         PrefetchLoader("/nonexistent.lance", 4, coalesce=value)  # refused before any I/O
 

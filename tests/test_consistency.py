@@ -29,14 +29,15 @@ from pathlib import Path
 import lance
 import numpy as np
 import pytest
-from helpers import batch_ids, collect, exact, expected_rank_ids, wait_until
+from support.helpers import WORKERS, batch_ids, collect, expected_rank_ids, wait_until
+from support.writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
 from torch.utils.data import DataLoader
-from writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
-from lance_prefetch.source import LanceSource, ShortReadError
+from lance_prefetch._config import SourceOptions
+from lance_prefetch._source import LanceSource, ShortReadError
 
-WRITERS = Path(__file__).with_name("writers.py")
+WRITERS = Path(__file__).parent / "support" / "writers.py"
 #: every ``take`` held by HeldTakes gives up after this long (a test never hangs on a gate)
 GATE_TIMEOUT_S = 60.0
 
@@ -185,13 +186,12 @@ def test_a_writer_process_mid_epoch_changes_nothing(fresh_ids, monkeypatch):
     assert collect(loader) == expected_rank_ids(loader) != expected
 
 
-@exact
-def test_a_writer_looping_through_the_epoch_changes_nothing(fresh_ids):
+def test_a_writer_looping_through_the_epoch_changes_nothing(make_loader, fresh_ids):
     """Free-running: a writer thread appends, deletes, overwrites and compacts over and over while
     the loader reads with readahead; every 25 batches the loop waits for one more commit, so
     writes interleave with the reads all through the epoch."""
     uri = fresh_ids(1003, rows_per_file=100)
-    loader = PrefetchLoader(
+    loader = make_loader(
         uri, 4, columns=["id", "label"], seed=5, readahead=8, max_in_flight=4, drop_last=False
     )
     expected = expected_rank_ids(loader)
@@ -248,19 +248,21 @@ class WaitForFlag:
         return batch
 
 
-@exact
 @pytest.mark.slow
-def test_a_writer_process_mid_epoch_through_spawn_workers(fresh_ids, tmp_path):
+@pytest.mark.parametrize(
+    "make_loader", ["coalesced", "memory", "disk"], indirect=True
+)  # see READ_MODES
+def test_a_writer_process_mid_epoch_through_spawn_workers(make_loader, fresh_ids, tmp_path):
     """Two spawn DataLoader workers read epoch 0; after the first batch a writer process appends,
     deletes and overwrites. Epoch 0 and epoch 1 (new workers, which reopen the pinned version
     after the writes) are exactly the plan's."""
     uri = fresh_ids(1003, rows_per_file=300)
-    plan_loader = PrefetchLoader(uri, 10, seed=6, readahead=4)
+    plan_loader = make_loader(uri, 10, seed=6, readahead=4)
     worker_0 = plan_loader.epoch_plan(0).rank_batches(0, worker_id=0, num_workers=2)
     first_take = itertools.islice(worker_0, plan_loader.coalesce)
     free = frozenset(tuple(batch.indices.tolist()) for batch in first_take)
     flag = tmp_path / "written"
-    loader = PrefetchLoader(
+    loader = make_loader(
         uri,
         10,
         columns=["id", "label"],
@@ -271,7 +273,7 @@ def test_a_writer_process_mid_epoch_through_spawn_workers(fresh_ids, tmp_path):
     )
     loader.set_epoch(0)
     expected = expected_rank_ids(loader)
-    data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS)
     iterator = iter(data)
     batches = [next(iterator)]
     in_process(uri, "append", "delete", "overwrite")
@@ -286,8 +288,7 @@ def test_a_writer_process_mid_epoch_through_spawn_workers(fresh_ids, tmp_path):
     check_rows(later)
 
 
-@exact
-def test_rows_deleted_before_construction_are_never_sampled(fresh_ids):
+def test_rows_deleted_before_construction_are_never_sampled(make_loader, fresh_ids):
     """Deleted in two commits, a whole fragment among them: num_rows counts live rows, and with
     drop_last=False every live id comes exactly once, in the plan's order, on one or two ranks."""
     uri = fresh_ids(1003, rows_per_file=100)
@@ -297,7 +298,7 @@ def test_rows_deleted_before_construction_are_never_sampled(fresh_ids):
     live = [i for i in range(1003) if i not in deleted]
     assert live_ids(uri) == live and len(live) == 774
 
-    loader = PrefetchLoader(uri, 16, columns=["id", "label"], drop_last=False, seed=7)
+    loader = make_loader(uri, 16, columns=["id", "label"], drop_last=False, seed=7)
     assert loader.num_rows == 774 and loader.version == 3
     batches = list(loader)
     ids = batch_ids(batches)
@@ -306,15 +307,17 @@ def test_rows_deleted_before_construction_are_never_sampled(fresh_ids):
     check_rows(batches)
 
     ranks = [
-        PrefetchLoader(uri, 16, columns=["id"], drop_last=False, seed=7, rank=r, world_size=2)
+        make_loader(uri, 16, columns=["id"], drop_last=False, seed=7, rank=r, world_size=2)
         for r in (0, 1)
     ]
     seen = [i for r in ranks for b in collect(r, epoch=2) for i in b]
     assert len(seen) == 774 and sorted(seen) == live  # an even count: no padding
 
 
-@exact
-def test_a_loader_on_an_older_version_reads_that_version(fresh_ids):
+@pytest.mark.parametrize(
+    "make_loader", ["coalesced", "memory", "disk"], indirect=True
+)  # see READ_MODES
+def test_a_loader_on_an_older_version_reads_that_version(make_loader, fresh_ids):
     """Versions 1 (500 rows), 2 (+ 500 appended), 3 (100 deleted), 4 (overwritten by 300 rows of
     other ids), 5 (every third deleted), then compacted (Lance commits twice): a loader built with
     version=v (a number or a tag) reads exactly v's live rows, in every epoch and in a copy."""
@@ -325,7 +328,7 @@ def test_a_loader_on_an_older_version_reads_that_version(fresh_ids):
     assert lance.dataset(uri).version == 7 and len(live_ids(uri)) == 200
     cases = [(1, 500), (2, 1000), (3, 900), (4, 300), (5, 200), ("before-overwrite", 900)]
     for version, num_rows in cases:
-        loader = PrefetchLoader(uri, 8, columns=["id", "label"], drop_last=False, version=version)
+        loader = make_loader(uri, 8, columns=["id", "label"], drop_last=False, version=version)
         live = live_ids(uri, loader.version)
         assert loader.num_rows == num_rows == len(live)
         assert loader.version == (3 if version == "before-overwrite" else version)
@@ -468,7 +471,7 @@ def test_a_short_result_from_lance_is_an_error_naming_the_counts(fresh_ids, monk
 )
 def test_out_of_range_offsets_raise_index_error_before_any_read(fresh_ids, monkeypatch, indices):
     uri = fresh_ids(100, rows_per_file=30)
-    source = LanceSource(uri, columns=["id"])
+    source = LanceSource(uri, SourceOptions(columns=["id"]))
     dataset = source._opened()
     calls = []
     monkeypatch.setattr(dataset, "take", lambda *args, **kwargs: calls.append(args))

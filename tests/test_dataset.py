@@ -12,16 +12,23 @@ import lance
 import numpy as np
 import pytest
 import torch
-from helpers import batch_ids, collect, exact, expected_rank_ids, loop_threads, wait_until
+from support.helpers import (
+    WORKERS,
+    batch_ids,
+    collect,
+    expected_rank_ids,
+    loop_threads,
+    stopping,
+    wait_until,
+)
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
-from lance_prefetch.source import LanceSource
+from lance_prefetch._source import LanceSource
 
 
-@exact
-def test_batches_are_dicts_of_tensors_in_permutation_order(ids_1003):
+def test_batches_are_dicts_of_tensors_in_permutation_order(make_loader, ids_1003):
     """Each batch holds exactly the plan's rows, in permutation order, with matching columns."""
-    loader = PrefetchLoader(ids_1003, 10, seed=3)
+    loader = make_loader(ids_1003, 10, seed=3)
     batches = list(loader)
     assert len(batches) == len(loader) == 100
     first = batches[0]
@@ -38,20 +45,19 @@ def test_batches_are_dicts_of_tensors_in_permutation_order(ids_1003):
     ].tolist()
 
 
-@exact
-def test_drop_last_false_single_process(ids_1003):
-    loader = PrefetchLoader(ids_1003, 10, drop_last=False, columns=["id"])
+def test_drop_last_false_single_process(make_loader, ids_1003):
+    loader = make_loader(ids_1003, 10, drop_last=False, columns=["id"])
     batches = collect(loader)
     assert [len(b) for b in batches] == [10] * 100 + [3]
     assert sorted(i for b in batches for i in b) == list(range(1003))
 
 
-@exact
 @pytest.mark.slow
-def test_num_workers_give_the_same_sequence(ids_1003):
+@pytest.mark.parametrize("make_loader", ["coalesced"], indirect=True)  # see READ_MODES
+def test_num_workers_give_the_same_sequence(make_loader, ids_1003):
     """Acceptance 2: identical batch sequence for num_workers 0, 1, 3, 7 (spawn)."""
     for drop_last, sizes in ((True, [10] * 100), (False, [10] * 100 + [3])):
-        loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=11, drop_last=drop_last)
+        loader = make_loader(ids_1003, 10, columns=["id"], seed=11, drop_last=drop_last)
         reference = collect(loader, 0, epoch=0)
         assert [len(b) for b in reference] == sizes
         assert reference == expected_rank_ids(loader)
@@ -60,14 +66,13 @@ def test_num_workers_give_the_same_sequence(ids_1003):
             assert collect(loader, num_workers, epoch=0) == reference, num_workers
 
 
-@exact
 @pytest.mark.slow
-def test_ranks_times_workers(ids_1003):
+def test_ranks_times_workers(make_loader, ids_1003):
     """Acceptance 1: 2 ranks x 3 spawn workers; coverage for drop_last False, no repeats for True."""
     for drop_last in (False, True):
         streams = []
         for rank in range(2):
-            loader = PrefetchLoader(
+            loader = make_loader(
                 ids_1003, 10, columns=["id"], rank=rank, world_size=2, drop_last=drop_last
             )
             stream = collect(loader, num_workers=3)
@@ -85,11 +90,10 @@ def test_ranks_times_workers(ids_1003):
             assert sum(counts.values()) == 1004  # one row padded, as DistributedSampler pads
 
 
-@exact
-def test_set_epoch_changes_the_order_reproducibly(ids_1003):
+def test_set_epoch_changes_the_order_reproducibly(make_loader, ids_1003):
     """Acceptance 4: seed 7, three epochs: three different orders, reproduced by a second loader."""
-    first = PrefetchLoader(ids_1003, 10, seed=7, columns=["id"])
-    second = PrefetchLoader(ids_1003, 10, seed=7, columns=["id"])
+    first = make_loader(ids_1003, 10, seed=7, columns=["id"])
+    second = make_loader(ids_1003, 10, seed=7, columns=["id"])
     orders = []
     for epoch in range(3):
         first.set_epoch(epoch)
@@ -193,12 +197,11 @@ def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003, monkeypatch
     assert max(held) <= 4
 
 
-@exact
-def test_transform_runs_on_every_batch(ids_25):
+def test_transform_runs_on_every_batch(make_loader, ids_25):
     def transform(batch):
         return batch["id"] * 2
 
-    loader = PrefetchLoader(ids_25, 5, columns=["id"], transform=transform, drop_last=False)
+    loader = make_loader(ids_25, 5, columns=["id"], transform=transform, drop_last=False)
     out = [t.tolist() for t in loader]
     assert out == [[2 * i for i in b] for b in expected_rank_ids(loader)]
 
@@ -234,21 +237,19 @@ def test_no_loop_thread_before_iteration_and_pickle_round_trip(ids_1003):
     assert "hunter2" not in repr(loader)
 
 
-@exact
-def test_version_pinned_against_later_writes(fresh_ids):
+def test_version_pinned_against_later_writes(make_loader, fresh_ids):
     uri = fresh_ids(30)
-    loader = PrefetchLoader(uri, 10, columns=["id"])
+    loader = make_loader(uri, 10, columns=["id"])
     lance.write_dataset(lance.dataset(uri).to_table(), uri, mode="append")
     lance.dataset(uri).delete("id < 5")
     assert loader.num_rows == 30 and loader.version == 1
     assert sorted(i for b in collect(loader) for i in b) == list(range(30))
 
 
-@exact
-def test_deleted_rows_are_never_sampled(fresh_ids):
+def test_deleted_rows_are_never_sampled(make_loader, fresh_ids):
     uri = fresh_ids(40, rows_per_file=10)
     lance.dataset(uri).delete("id % 4 = 0")
-    loader = PrefetchLoader(uri, 5, columns=["id"], drop_last=False)
+    loader = make_loader(uri, 5, columns=["id"], drop_last=False)
     assert loader.num_rows == 30
     assert sorted(i for b in collect(loader) for i in b) == [i for i in range(40) if i % 4]
 
@@ -331,8 +332,9 @@ def test_forked_dataloader_workers_fail_at_once_naming_spawn(ids_1003):
     collect(loader)  # the parent has read (and opened Lance) before forking
     data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="fork")
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"multiprocessing_context='spawn'"):
-        list(data)
+    with stopping(data) as iterator:
+        with pytest.raises(RuntimeError, match=r"multiprocessing_context='spawn'"):
+            list(iterator)
     assert time.monotonic() - start < 30
 
 
@@ -342,9 +344,10 @@ def test_batch_load_error_crosses_dataloader_workers(ids_1003, tmp_path):
     from torch.utils.data import DataLoader
 
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], transform=failing_transform)
-    data = DataLoader(loader, batch_size=None, num_workers=1, multiprocessing_context="spawn")
-    with pytest.raises(BatchLoadError, match=r"batch 0 of epoch 0 \(10 rows\)"):
-        list(data)
+    data = DataLoader(loader, batch_size=None, num_workers=1, multiprocessing_context=WORKERS)
+    with stopping(data) as iterator:
+        with pytest.raises(BatchLoadError, match=r"batch 0 of epoch 0 \(10 rows\)"):
+            list(iterator)
 
 
 def failing_transform(batch):

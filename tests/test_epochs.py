@@ -5,17 +5,16 @@ from __future__ import annotations
 import copy
 import pickle
 
-from lance_prefetch.epochs import (
+from lance_prefetch._epochs import (
     ADVANCE,
     EPOCH,
     SLOT_COUNT,
     START,
-    Decision,
     EpochControl,
-    Progress,
     begin,
     iteration_ident,
 )
+from lance_prefetch._positions import Decision, DeliveryCounter
 
 FRESH = EpochControl()._block.tolist()
 
@@ -100,17 +99,17 @@ def test_plain_copies_are_independent_snapshots():
 
 def test_progress_counts_positions_of_delivered_batches():
     # world_size 2, no workers, resumed at 34: each delivered batch moves the position by 2
-    progress = Progress(1, Decision(1, 34), world_size=2)
+    progress = DeliveryCounter(1, Decision(1, 34), world_size=2)
     assert progress.position == 34
     progress.delivered = 3
     assert progress.position == 40
     # worker 1 of 3 (world_size 2, from 0) delivers the rank's batches 1, 4, 7, ...
-    progress = Progress(1, Decision(0, 0), world_size=2, worker_id=1, num_workers=3)
+    progress = DeliveryCounter(1, Decision(0, 0), world_size=2, worker_id=1, num_workers=3)
     assert progress.position == 0
     progress.delivered = 2  # its last batch is the rank's 4th: global batches 0..9 came before
     assert progress.position == 10
     # the same worker resumed with skip=5 (the rank delivered 5 batches): next is the rank's 7th
-    progress = Progress(1, Decision(0, 0), world_size=2, worker_id=1, num_workers=3, skip=5)
+    progress = DeliveryCounter(1, Decision(0, 0), world_size=2, worker_id=1, num_workers=3, skip=5)
     assert progress.position == 10 and progress.first == 7
     progress.delivered = 1
     assert progress.position == 16

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import write_ids
-from helpers import batch_ids, collect, exact
+from support.helpers import WORKERS, batch_ids, collect, stopping
 from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, LanceMapDataset, PrefetchLoader, collate
@@ -233,29 +233,27 @@ def test_one_row_gives_one_one_row_batch_every_epoch(one_row, batch_size, drop_l
         assert batch["id"].tolist() == [0] and batch["vector"].tolist() == [[0.0, 0.0, 0.0]]
 
 
-@exact
-def test_one_row_over_two_ranks_is_padded_on_both(one_row):
+def test_one_row_over_two_ranks_is_padded_on_both(make_loader, one_row):
     """drop_last=False pads as DistributedSampler does: both ranks get row 0."""
     streams = [
-        collect(PrefetchLoader(one_row, 4, drop_last=False, rank=rank, world_size=2))
+        collect(make_loader(one_row, 4, drop_last=False, rank=rank, world_size=2))
         for rank in (0, 1)
     ]
     assert streams == [[[0]], [[0]]]
 
 
-@exact
-def test_batch_size_above_the_row_count(ids_25):
+def test_batch_size_above_the_row_count(make_loader, ids_25):
     with within(AT_ONCE), pytest.raises(ValueError) as info:
-        PrefetchLoader(ids_25, 100)  # raised at construction, before any iteration
+        make_loader(ids_25, 100)  # raised at construction, before any iteration
     assert str(info.value) == (
         "drop_last=True needs at least batch_size * world_size = 100 * 1 = 100 rows, but the "
         "dataset has 25; use a smaller batch_size or drop_last=False"
     )
-    loader = PrefetchLoader(ids_25, 100, drop_last=False, columns=["id"])
+    loader = make_loader(ids_25, 100, drop_last=False, columns=["id"])
     assert len(loader) == 1 and batch_ids(loader) == [permutation(25)]  # one batch of 25 rows
     order = permutation(25)
     ranks = [
-        collect(PrefetchLoader(ids_25, 100, drop_last=False, columns=["id"], rank=r, world_size=2))
+        collect(make_loader(ids_25, 100, drop_last=False, columns=["id"], rank=r, world_size=2))
         for r in (0, 1)
     ]
     assert ranks == [[order[:13]], [order[13:] + order[:1]]]  # 13 each, one row padded
@@ -583,10 +581,10 @@ def test_a_failing_transform_in_spawn_workers_names_its_position(ids_25):
     batches = [order[i : i + 5] for i in range(0, 25, 5)]
     position = next(p for p, ids in enumerate(batches) if 7 in ids)
     assert position > 0  # a batch arrives first (seed 0: row 7 is in batch 3)
-    data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS)
     received, first = [], None
-    with pytest.raises(BatchLoadError) as info:
-        for batch in data:  # (starting the workers takes seconds, much more on a busy machine)
+    with stopping(data) as iterator, pytest.raises(BatchLoadError) as info:
+        for batch in iterator:  # (starting the workers takes seconds, more on a busy machine)
             first = first or time.monotonic()
             received.append(batch["id"].tolist())
     assert time.monotonic() - first < 10  # the error follows the batches before it at once

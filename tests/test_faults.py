@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import (
-    FlakySource,
+from support.fakes import FlakySource
+from support.helpers import (
+    WORKERS,
     batch_ids,
     collect,
     expected_rank_ids,
@@ -57,7 +58,7 @@ def test_transient_failures_in_spawn_workers_lose_nothing(ids_1003):
         loader,
         batch_size=None,
         num_workers=2,
-        multiprocessing_context="spawn",
+        multiprocessing_context=WORKERS,
         persistent_workers=True,
     )
     for epoch in (0, 1):
@@ -148,7 +149,7 @@ def test_an_s3_endpoint_stopped_mid_epoch_fails_within_the_retry_budget():
     from conftest import write_ids
 
     server = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("s3server.py")), "stop"],
+        [sys.executable, str(Path(__file__).parent / "support" / "s3server.py"), "stop"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import (
+from support.helpers import (
+    WORKERS,
     batch_ids,
     checkout_env,
-    exact,
     expected_rank_ids,
     loop_threads,
     record_process,
@@ -61,7 +61,7 @@ def test_a_loader_used_before_fork_refuses_in_the_child_and_the_parent_carries_o
     once naming spawn; a child of ``os.fork()`` gets a clear error from ``next()`` on the inherited
     iterator and from ``iter(loader)``, then exits normally; the parent's iterator still delivers
     the rest of its epoch, exactly."""
-    result = run_python(str(HERE / "fork_script.py"), ids_1003, timeout=240)
+    result = run_python(str(HERE / "support" / "fork_script.py"), ids_1003, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "terminate called" not in result.stderr
     assert "Fatal Python error" not in result.stderr
@@ -139,7 +139,7 @@ def test_each_persistent_spawn_worker_runs_its_own_loop_thread_and_restarts_afte
         loader,
         batch_size=None,
         num_workers=2,
-        multiprocessing_context="spawn",
+        multiprocessing_context="spawn",  # as the README says (most tests fork from WORKERS)
         persistent_workers=True,
         timeout=60,
     )
@@ -160,15 +160,15 @@ def test_each_persistent_spawn_worker_runs_its_own_loop_thread_and_restarts_afte
     assert set(main_loops) == {0} and not loop_threads()
 
 
-@exact
 @pytest.mark.slow
 @stops_workers_mid_epoch
-def test_spawn_workers_after_break_read_the_next_epoch_exactly(ids_1003):
+@pytest.mark.parametrize("make_loader", ["coalesced", "memory"], indirect=True)  # see READ_MODES
+def test_spawn_workers_after_break_read_the_next_epoch_exactly(make_loader, ids_1003):
     """Non-persistent spawn workers: ``break`` after 3 batches, then iterate the DataLoader again:
     new worker processes, each with its own loop thread, read exactly the next epoch."""
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], transform=record_process)
+    loader = make_loader(ids_1003, 10, columns=["id"], transform=record_process)
     data = DataLoader(
-        loader, batch_size=None, num_workers=2, multiprocessing_context="spawn", timeout=60
+        loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS, timeout=60
     )
     batches, main_loops = read(data, stop_after=3)
     assert batch_ids(batches) == expected_rank_ids(loader, epoch=0)[:3]

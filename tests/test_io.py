@@ -10,11 +10,13 @@ import lance
 import numpy as np
 import pytest
 from conftest import write_ids
-from helpers import expected_rank_ids
+from support.helpers import expected_rank_ids
 
 from lance_prefetch import LanceMapDataset, PrefetchLoader
-from lance_prefetch import source as source_module
-from lance_prefetch.source import LanceSource, uring_uri
+from lance_prefetch import _source as source_module
+from lance_prefetch._config import SourceOptions
+from lance_prefetch._source import LanceSource
+from lance_prefetch._uris import uring_uri
 
 
 def epoch(loader) -> list[dict[str, list]]:
@@ -56,7 +58,7 @@ def test_the_map_dataset_reads_through_uring_too(ids_1003):
 
 
 def test_a_copy_for_a_worker_reopens_through_uring(ids_1003):
-    source = LanceSource(ids_1003, columns=["id"], io="uring")
+    source = LanceSource(ids_1003, SourceOptions(columns=["id"], io="uring"))
     copy = pickle.loads(pickle.dumps(source))
     assert copy._dataset is None and copy.io == "uring"
     assert copy.take(np.array([5, 1000, 7])).column("id").to_pylist() == [5, 1000, 7]

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import batch_ids, checkout_env, exact, expected_rank_ids, loop_threads
+from support.helpers import batch_ids, checkout_env, expected_rank_ids, loop_threads
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch.scheduling import CLOSE_TIMEOUT_S
+from lance_prefetch._shutdown import CLOSE_TIMEOUT_S
 
 HERE = Path(__file__).parent
 
@@ -73,7 +73,7 @@ SCRIPT = textwrap.dedent(
             time.sleep(0.01)
     elif mode.startswith("in-lance-"):  # then break, raise, sigint or timeout
         from lance_prefetch import RetryPolicy
-        from lance_prefetch.source import LanceSource
+        from lance_prefetch._source import LanceSource
 
         how = mode[len("in-lance-"):]
         if how == "timeout":  # a take running past 1 s is abandoned and tried again
@@ -148,16 +148,15 @@ def run_script(tmp_path, uri: str, mode: str) -> subprocess.CompletedProcess[str
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,expected_code", [("break", 0), ("with", 0), ("raise", 1)])
 def test_script_exits_cleanly(tmp_path, wide_dataset, mode, expected_code):
-    """Three runs each: the exit code is the script's own, with no abort and no thread left."""
-    for _ in range(3):
-        result = run_script(tmp_path, wide_dataset, mode)
-        assert result.returncode == expected_code, result.stderr[-2000:]
-        assert "terminate called" not in result.stderr
-        assert "Fatal Python error" not in result.stderr
-        if mode == "raise":
-            assert result.stderr.rstrip().endswith("ValueError: the training step failed")
-        else:
-            assert "loop threads left: []" in result.stdout
+    """The exit code is the script's own, with no abort and no thread left."""
+    result = run_script(tmp_path, wide_dataset, mode)
+    assert result.returncode == expected_code, result.stderr[-2000:]
+    assert "terminate called" not in result.stderr
+    assert "Fatal Python error" not in result.stderr
+    if mode == "raise":
+        assert result.stderr.rstrip().endswith("ValueError: the training step failed")
+    else:
+        assert "loop threads left: []" in result.stdout
 
 
 @pytest.mark.slow
@@ -228,9 +227,9 @@ def run_at_once(
 @pytest.mark.slow
 def test_close_then_garbage_collection_exit_cleanly(tmp_path, wide_dataset):
     """After one batch, ``loader.close()`` with the iterator still referenced, then a new iterator
-    freed by the cycle collector after one batch: three runs (at once), exit code 0, no abort, no
+    freed by the cycle collector after one batch: two runs (at once), exit code 0, no abort, no
     thread left."""
-    for run in run_at_once(tmp_path, wide_dataset, ["close+gc"] * 3):
+    for run in run_at_once(tmp_path, wide_dataset, ["close+gc"] * 2):
         assert run.returncode == 0, run.err[-2000:]
         assert "terminate called" not in run.err and "Fatal Python error" not in run.err
         assert "closed: True" in run.out and "loop threads left: []" in run.out
@@ -285,7 +284,7 @@ def run_stuck_cases(uri: str, timeout: float) -> dict[str, dict]:
     deadline = time.monotonic() + timeout
     processes = {
         name: subprocess.Popen(
-            [sys.executable, str(HERE / "stuck_take.py"), uri, mode],
+            [sys.executable, str(HERE / "support" / "stuck_take.py"), uri, mode],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -461,7 +460,7 @@ GUARD_SCRIPT = textwrap.dedent(
 
     atexit.register(lambda: print("earlier hook ran", flush=True))  # runs after lance_prefetch's
 
-    from lance_prefetch import scheduling
+    from lance_prefetch import _shutdown
     from lance_prefetch._exit_guard import native_call
 
     def late_read():  # a hook that runs after lance_prefetch's: no Lance call starts any more
@@ -472,8 +471,8 @@ GUARD_SCRIPT = textwrap.dedent(
             print("late read refused:", exc, flush=True)
 
     atexit.register(late_read)  # registered after: runs before "earlier hook ran"
-    atexit.unregister(scheduling._close_live_prefetchers)
-    atexit.register(scheduling._close_live_prefetchers)  # ... and lance_prefetch's before both
+    atexit.unregister(_shutdown._close_live_prefetchers)
+    atexit.register(_shutdown._close_live_prefetchers)  # ... and lance_prefetch's before both
     between = threading.Event()
 
     def read():  # a read that called into Lance, retries in 30 s, and then calls again
@@ -488,7 +487,7 @@ GUARD_SCRIPT = textwrap.dedent(
         thread = threading.Thread(target=read, daemon=True)
         thread.start()
         between.wait()
-        scheduling._abandon([thread], time.monotonic() + 0.5)  # as close(wait=False) leaves it
+        _shutdown.abandon([thread], time.monotonic() + 0.5)  # as close(wait=False) leaves it
     print("leaving", flush=True)
     """
 )
@@ -527,12 +526,11 @@ def test_the_exit_guard_counts_a_read_between_two_calls_and_then_refuses_new_one
 # -- a new iteration after break -------------------------------------------------------------------
 
 
-@exact
-def test_a_new_iteration_after_break_reads_a_whole_epoch_exactly(ids_1003):
+def test_a_new_iteration_after_break_reads_a_whole_epoch_exactly(make_loader, ids_1003):
     """After ``break`` at batch k nothing is left over: the next iteration is exactly the next
     epoch's plan, or after ``set_epoch(e)`` exactly epoch e's plan from its first batch (also the
     epoch that was broken off), and a broken-off iterator still referenced keeps its own epoch."""
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], readahead=8, max_in_flight=4)
+    loader = make_loader(ids_1003, 10, columns=["id"], readahead=8, max_in_flight=4)
 
     def broken_off(k: int) -> list[list[int]]:
         batches = []

@@ -10,10 +10,11 @@ import pyarrow as pa
 import pytest
 import torch
 from conftest import write_ids
+from support.helpers import WORKERS, stopping
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
 from lance_prefetch import LanceMapDataset, PrefetchLoader, collate
-from lance_prefetch.mapstyle import ColumnBatch
+from lance_prefetch._mapstyle import ColumnBatch
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_rows_and_batches_in_index_order(six_rows):
 
 
 def test_one_take_per_batch(six_rows, monkeypatch):
-    from lance_prefetch.source import LanceSource
+    from lance_prefetch._source import LanceSource
 
     calls = []
     original = LanceSource.take
@@ -120,7 +121,7 @@ def run_ranks(uri, num_workers):
             batch_size=32,
             sampler=sampler,
             num_workers=num_workers,
-            multiprocessing_context="spawn" if num_workers else None,
+            multiprocessing_context=WORKERS if num_workers else None,
             collate_fn=collate,
         )
         streams.append([b["id"].tolist() for b in data])
@@ -141,7 +142,7 @@ def test_transform_runs_in_the_worker(ids_1003):
     """transform sees the whole batch in the worker process and its result is what the loop gets."""
     dataset = LanceMapDataset(ids_1003, columns=["id", "vector"], transform=_norms)
     data = DataLoader(
-        dataset, batch_size=50, num_workers=2, multiprocessing_context="spawn", collate_fn=collate
+        dataset, batch_size=50, num_workers=2, multiprocessing_context=WORKERS, collate_fn=collate
     )
     batches = list(data)
     assert [b["id"].tolist() for b in batches[:2]] == [list(range(50)), list(range(50, 100))]
@@ -191,6 +192,7 @@ def test_forked_workers_fail_at_once_naming_spawn(ids_1003):
         dataset, batch_size=8, num_workers=1, multiprocessing_context="fork", collate_fn=collate
     )
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"multiprocessing_context='spawn'"):
-        list(data)
+    with stopping(data) as iterator:
+        with pytest.raises(RuntimeError, match=r"multiprocessing_context='spawn'"):
+            list(iterator)
     assert time.monotonic() - start < 30

@@ -18,11 +18,11 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from helpers import expected_rank_ids
+from support.helpers import expected_rank_ids
 
 from lance_prefetch import PrefetchLoader
+from lance_prefetch._source import LanceSource
 from lance_prefetch.sampling import EpochPlan, index_dtype
-from lance_prefetch.source import LanceSource
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 KIB, MIB = 2**10, 2**20

@@ -13,8 +13,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import batch_ids, collect, exact
 from scipy import stats
+from support.helpers import batch_ids, collect
 
 from lance_prefetch import PrefetchLoader, permutation
 from lance_prefetch.permutation import (
@@ -249,12 +249,11 @@ def test_the_memory_measure_sees_a_materialised_permutation():
 
 
 # -- the loader ----------------------------------------------------------------------------------
-@exact
-def test_a_lazy_loader_delivers_every_row_once_per_epoch_on_two_ranks(ids_1003):
+def test_a_lazy_loader_delivers_every_row_once_per_epoch_on_two_ranks(make_loader, ids_1003):
     """2 ranks, drop_last=False: every id once per epoch but the one padded row, batches as the
     lazy plan says; epochs differ, and differ from the array kind's order."""
     loaders = [
-        PrefetchLoader(
+        make_loader(
             ids_1003, 10, columns=["id"], rank=r, world_size=2, drop_last=False, permutation="lazy"
         )
         for r in range(2)
@@ -273,17 +272,16 @@ def test_a_lazy_loader_delivers_every_row_once_per_epoch_on_two_ranks(ids_1003):
         assert counts[plan.order[0]] == 2  # the padded row wraps around to the start
         epochs.append(per_rank)
     assert epochs[0] != epochs[1]
-    array = PrefetchLoader(ids_1003, 10, columns=["id"], rank=0, world_size=2, drop_last=False)
+    array = make_loader(ids_1003, 10, columns=["id"], rank=0, world_size=2, drop_last=False)
     assert array.permutation == "array" and collect(array, epoch=0) != epochs[0][0]
 
 
-@exact
-def test_a_lazy_loader_resumes_mid_epoch_exactly(ids_1003):
+def test_a_lazy_loader_resumes_mid_epoch_exactly(make_loader, ids_1003):
     """Stop after 17 batches on each of 2 ranks, save, resume with 2 ranks (and with 3): the
     rest is exactly the uninterrupted epoch (every row once across the old and new ranks)."""
 
     def loader(rank, world_size, **kwargs):
-        return PrefetchLoader(
+        return make_loader(
             ids_1003, 10, columns=["id"], rank=rank, world_size=world_size, permutation="lazy",
             seed=2, **kwargs,
         )  # fmt: skip

@@ -8,12 +8,12 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import json
-import multiprocessing
 import time
 
 import pytest
 import torch
-from helpers import batch_ids, collect, exact, stops_workers_mid_epoch, wait_until
+from support.contracts import check_resume
+from support.helpers import WORKERS, batch_ids, collect, stops_workers_mid_epoch, wait_until
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -25,7 +25,7 @@ class SlowFirstStart(PrefetchLoader):
 
     def __iter__(self):
         worker = torch.utils.data.get_worker_info()
-        if worker is not None and worker.id == 1 and self._iterations == 0:
+        if worker is not None and worker.id == 1 and self._control._iterations == 0:
             time.sleep(1.5)
         return super().__iter__()
 
@@ -87,14 +87,14 @@ def run_in_new_process(uri, state, rank, world_size, epochs):
     return [collect(loader, epoch=epoch) for epoch in epochs]
 
 
-@exact
 @pytest.mark.slow
-def test_two_ranks_stop_mid_epoch_and_resume_in_a_new_process(ids_1003):
+@pytest.mark.parametrize("make_loader", ["coalesced", "disk"], indirect=True)  # see READ_MODES
+def test_two_ranks_stop_mid_epoch_and_resume_in_a_new_process(make_loader, ids_1003):
     """Acceptance 3: stop at epoch 1 batch 17 on 2 ranks, save, resume in a new process: the rest
     of epoch 1 and all of epoch 2 equal the uninterrupted run, batch for batch."""
     states, head = [], []
     for rank in range(2):
-        loader = PrefetchLoader(ids_1003, 10, columns=["id"], rank=rank, world_size=2)
+        loader = make_loader(ids_1003, 10, columns=["id"], rank=rank, world_size=2)
         collect(loader, epoch=0)
         loader.set_epoch(1)
         iterator = iter(loader)
@@ -102,7 +102,7 @@ def test_two_ranks_stop_mid_epoch_and_resume_in_a_new_process(ids_1003):
         states.append(json.loads(json.dumps(loader.state_dict())))  # as a checkpoint file would
         iterator.close()
     assert states[0] == states[1] and states[0]["position"] == 34
-    context = multiprocessing.get_context("spawn")
+    context = WORKERS  # processes that never opened the dataset
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
         runs = [
             pool.submit(run_in_new_process, ids_1003, states[0], r, 2, (1, 2)) for r in range(2)
@@ -115,16 +115,23 @@ def test_two_ranks_stop_mid_epoch_and_resume_in_a_new_process(ids_1003):
         assert resumed[rank] == [epoch_1[17:], epoch_2]
 
 
-@exact
+@pytest.mark.parametrize("midpoint", [0, 1, 37, 100, 101])
+def test_the_resume_contract_holds_in_every_read_mode(make_loader, ids_1003, midpoint):
+    """check_resume: stopped at the start, after one batch, mid-epoch, after the last batch and
+    past the end, each read mode resumes exactly (1,003 rows, batches of 10, seed 4)."""
+    check_resume(lambda: make_loader(ids_1003, 10, columns=["id"], seed=4), midpoint=midpoint,
+                 epoch=2)  # fmt: skip
+
+
 def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(
-    ids_1003, permutation_kind
+    make_loader, ids_1003, permutation_kind
 ):
     """Acceptance 4: save after batch 0 and after the epoch's last batch; resume 3 times in one
     epoch (at 30, 40 and 70 batches): the joined output equals the uninterrupted run."""
     expected = uninterrupted(ids_1003, 0) + uninterrupted(ids_1003, 1)
     joined, state = [], None
     for stop in (1, 30, 40, 70, 100):
-        loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+        loader = make_loader(ids_1003, 10, columns=["id"])
         if state is not None:
             loader.load_state_dict(state)
         iterator = iter(loader)
@@ -133,35 +140,35 @@ def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(
         iterator.close()
     assert state["epoch"] == 0 and state["position"] == 100  # saved after the last batch
     assert state.get("permutation", "array") == loader.permutation == permutation_kind
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    loader = make_loader(ids_1003, 10, columns=["id"])
     loader.load_state_dict(state)
     assert collect(loader) == []  # the rest of epoch 0: nothing
     joined += collect(loader)  # then, without set_epoch, the next epoch
     assert loader.epoch == 1
     assert joined == expected
     # The same with a loop that calls set_epoch(saved epoch), then set_epoch(next).
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    loader = make_loader(ids_1003, 10, columns=["id"])
     loader.load_state_dict(state)
     assert collect(loader, epoch=0) == [] and collect(loader, epoch=1) == expected[100:]
     # A state saved before the first batch resumes the whole epoch.
-    fresh = PrefetchLoader(ids_1003, 10, columns=["id"])
+    fresh = make_loader(ids_1003, 10, columns=["id"])
     fresh.set_epoch(1)
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    loader = make_loader(ids_1003, 10, columns=["id"])
     loader.load_state_dict(fresh.state_dict())
     assert collect(loader) == expected[100:]
 
 
 @stops_workers_mid_epoch
-@exact
 @pytest.mark.slow
-def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(ids_1003):
+@pytest.mark.parametrize("make_loader", ["coalesced", "memory"], indirect=True)  # see READ_MODES
+def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(make_loader, ids_1003):
     """Acceptance 5: save at 2 ranks x 2 workers (StatefulDataLoader), resume at 3 ranks x 1
     worker: over the epoch every id exactly once (but the documented tail)."""
     before, states = [], []
     for rank in range(2):
-        loader = PrefetchLoader(ids_1003, 10, columns=["id"], rank=rank, world_size=2)
+        loader = make_loader(ids_1003, 10, columns=["id"], rank=rank, world_size=2)
         dataloader = StatefulDataLoader(
-            loader, batch_size=None, num_workers=2, multiprocessing_context="spawn"
+            loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS
         )
         iterator = iter(dataloader)
         before += take(iterator, 13)
@@ -170,7 +177,7 @@ def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(ids_1003
     assert states[0] == states[1] and states[0]["position"] == 26
     after, steps = [], []
     for rank in range(3):
-        loader = PrefetchLoader(ids_1003, 10, columns=["id"], rank=rank, world_size=3)
+        loader = make_loader(ids_1003, 10, columns=["id"], rank=rank, world_size=3)
         loader.load_state_dict(states[0])
         batches = collect(loader, num_workers=1)
         steps.append(len(batches))
@@ -178,21 +185,20 @@ def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(ids_1003
     delivered = [i for batch in before + after for i in batch]
     assert len(set(steps)) == 1  # every new rank runs the same number of steps
     assert len(delivered) == len(set(delivered))  # no row twice
-    permutation = PrefetchLoader(ids_1003, 10, columns=["id"]).epoch_plan(0).permutation
+    permutation = make_loader(ids_1003, 10, columns=["id"]).epoch_plan(0).permutation
     # 1003 - 260 = 743 rows remain: 24 rounds of 30; the permutation's last 23 rows are dropped
     assert steps == [24] * 3
     assert sorted(delivered) == sorted(permutation[:980].tolist())
 
 
 @stops_workers_mid_epoch
-@exact
 @pytest.mark.slow
-def test_stateful_dataloader_resumes_its_workers_in_place(ids_1003):
+def test_stateful_dataloader_resumes_its_workers_in_place(make_loader, ids_1003):
     """StatefulDataLoader's own save/load with the same num_workers continues batch for batch."""
     expected = uninterrupted(ids_1003, 0)
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    loader = make_loader(ids_1003, 10, columns=["id"])
     dataloader = StatefulDataLoader(
-        loader, batch_size=None, num_workers=2, multiprocessing_context="spawn"
+        loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS
     )
     iterator = iter(dataloader)
     head = take(iterator, 23)
@@ -200,10 +206,10 @@ def test_stateful_dataloader_resumes_its_workers_in_place(ids_1003):
     del iterator, dataloader
     assert state_from_dataloader(saved)["position"] == 23
     restored = StatefulDataLoader(
-        PrefetchLoader(ids_1003, 10, columns=["id"]),
+        make_loader(ids_1003, 10, columns=["id"]),
         batch_size=None,
         num_workers=2,
-        multiprocessing_context="spawn",
+        multiprocessing_context=WORKERS,
     )
     restored.load_state_dict(saved)
     assert head + batch_ids(restored) == expected
@@ -218,7 +224,7 @@ def test_set_epoch_reaches_persistent_workers(ids_1003):
         loader,
         batch_size=None,
         num_workers=3,
-        multiprocessing_context="spawn",
+        multiprocessing_context=WORKERS,
         persistent_workers=True,
     )
     orders = []
@@ -234,7 +240,7 @@ def test_set_epoch_reaches_persistent_workers(ids_1003):
 @pytest.mark.slow
 def test_without_set_epoch_each_dataloader_iteration_reads_the_next_epoch(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=5)
-    dataloader = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    dataloader = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS)
     assert [batch_ids(dataloader) for _ in range(2)] == [
         uninterrupted(ids_1003, epoch, seed=5) for epoch in range(2)
     ]
@@ -353,11 +359,10 @@ def test_rank_is_resolved_once_and_carried_into_workers(ids_1003, monkeypatch):
     )
 
 
-@exact
-def test_stateful_dataloader_without_workers(ids_1003, permutation_kind):
+def test_stateful_dataloader_without_workers(make_loader, ids_1003, permutation_kind):
     """num_workers=0: StatefulDataLoader saves the loader's own state and restores it in place."""
     expected = uninterrupted(ids_1003, 0, seed=2)
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=2)
+    loader = make_loader(ids_1003, 10, columns=["id"], seed=2)
     dataloader = StatefulDataLoader(loader, batch_size=None)
     iterator = iter(dataloader)
     head = take(iterator, 13)
@@ -366,7 +371,7 @@ def test_stateful_dataloader_without_workers(ids_1003, permutation_kind):
     assert loader.state_dict()["position"] == 13
     del iterator
     restored = StatefulDataLoader(
-        PrefetchLoader(ids_1003, 10, columns=["id"], seed=2), batch_size=None
+        make_loader(ids_1003, 10, columns=["id"], seed=2), batch_size=None
     )
     restored.load_state_dict(saved)
     assert head + batch_ids(restored) == expected
@@ -378,7 +383,7 @@ def test_a_late_persistent_worker_joins_its_own_iteration(ids_1003):
     starts its first iteration after the other began the next one: each epoch is exact."""
     loader = SlowFirstStart(ids_1003, 10, columns=["id"])
     dataloader = DataLoader(
-        loader, batch_size=None, num_workers=2, multiprocessing_context="spawn",
+        loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS,
         persistent_workers=True,
     )  # fmt: skip
     next(iter(dataloader))
@@ -392,7 +397,7 @@ def test_new_dataloaders_with_the_same_seeded_generator_never_share_an_iteration
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     for epoch, num_workers in ((0, 2), (1, 3)):
         dataloader = DataLoader(
-            loader, batch_size=None, num_workers=num_workers, multiprocessing_context="spawn",
+            loader, batch_size=None, num_workers=num_workers, multiprocessing_context=WORKERS,
             generator=torch.Generator().manual_seed(0),
         )  # fmt: skip
         loader.set_epoch(epoch)
@@ -421,20 +426,17 @@ def test_stateful_dataloader_restores_an_epochs_end(ids_1003, after_stop):
     assert reads == ([] if after_stop else [[]]) + [uninterrupted(ids_1003, e) for e in (1, 2)]
 
 
-@exact
-def test_an_elastic_epochs_end_with_padding_loads(ids_1003, permutation_kind):
+def test_an_elastic_epochs_end_with_padding_loads(make_loader, ids_1003, permutation_kind):
     """drop_last=False, 2 ranks stop at 34, 3 ranks finish the epoch (at 34 + 23 * 3 = 103, past
     the 101 batches the rows fill): it is saved as the end (101), which loads on any number of
     ranks, leaves nothing of the epoch, and the next one follows."""
-    before = PrefetchLoader(ids_1003, 10, columns=["id"], rank=0, world_size=2, drop_last=False)
+    before = make_loader(ids_1003, 10, columns=["id"], rank=0, world_size=2, drop_last=False)
     iterator = iter(before)
     take(iterator, 17)
     state = before.state_dict()
     iterator.close()
     for rank in range(3):
-        loader = PrefetchLoader(
-            ids_1003, 10, columns=["id"], rank=rank, world_size=3, drop_last=False
-        )
+        loader = make_loader(ids_1003, 10, columns=["id"], rank=rank, world_size=3, drop_last=False)
         loader.load_state_dict(state)
         assert len(collect(loader)) == 23
     end = loader.state_dict()
@@ -443,7 +445,7 @@ def test_an_elastic_epochs_end_with_padding_loads(ids_1003, permutation_kind):
     loader.load_state_dict(end)
     assert collect(loader) == []
     assert collect(loader) == uninterrupted(ids_1003, 1, rank=2, world_size=3, drop_last=False)
-    single = PrefetchLoader(ids_1003, 10, columns=["id"], drop_last=False)  # 1 rank
+    single = make_loader(ids_1003, 10, columns=["id"], drop_last=False)  # 1 rank
     single.load_state_dict(end)
     assert single.state_dict() == end | {"world_size": 1}
     single.load_state_dict(single.state_dict())  # a state it saved itself always loads
@@ -474,7 +476,7 @@ class BigTransform:
 @pytest.mark.slow
 def test_workers_with_large_pickles_share_one_iteration(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], transform=BigTransform())
-    dataloader = DataLoader(loader, batch_size=None, num_workers=3, multiprocessing_context="spawn")
+    dataloader = DataLoader(loader, batch_size=None, num_workers=3, multiprocessing_context=WORKERS)
     loader.set_epoch(3)
     assert batch_ids(dataloader) == uninterrupted(ids_1003, 3)
     assert batch_ids(dataloader) == uninterrupted(ids_1003, 4)  # no set_epoch: the next one

@@ -1,5 +1,5 @@
 """Retries and per-fetch timeouts: the policy (lance_prefetch.retry) and the prefetcher running it
-(lance_prefetch.scheduling), with fake fetch functions (no Lance)."""
+(lance_prefetch._prefetcher, lance_prefetch._blocking), with fake fetch functions (no Lance)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from collections import Counter
 
 import pytest
 import tenacity
-from helpers import loop_threads, wait_until
+from support.helpers import loop_threads, wait_until
 
 from lance_prefetch import RetryPolicy
+from lance_prefetch._blocking import BlockingPrefetcher
+from lance_prefetch._prefetcher import FetchError, Prefetcher
+from lance_prefetch._source import ShortReadError
 from lance_prefetch.retry import is_transient
-from lance_prefetch.scheduling import BlockingPrefetcher, FetchError
-from lance_prefetch.source import ShortReadError
 
 FAST = {"backoff": 0.01, "max_backoff": 0.02}  # retries without slowing the tests down
 
@@ -65,7 +66,9 @@ def test_transient_failures_are_retried_and_every_item_arrives_once_in_order():
     """Items 3 and 7 fail twice, item 11 once; 3 attempts are enough for all."""
     fetch = Flaky({3: 2, 7: 2, 11: 1}, delay=0.002)
     iterator = BlockingPrefetcher(
-        range(20), fetch, readahead=4, max_in_flight=2, retry=RetryPolicy(attempts=3, **FAST)
+        Prefetcher(
+            range(20), fetch, readahead=4, max_in_flight=2, retry=RetryPolicy(attempts=3, **FAST)
+        )
     )
     fetch.iterator = iterator
     assert list(iterator) == [i * 10 for i in range(20)]
@@ -77,7 +80,9 @@ def test_transient_failures_are_retried_and_every_item_arrives_once_in_order():
 def test_attempts_run_out():
     fetch = Flaky({2: 100})
     iterator = BlockingPrefetcher(
-        range(10), fetch, readahead=3, max_in_flight=1, retry=RetryPolicy(attempts=4, **FAST)
+        Prefetcher(
+            range(10), fetch, readahead=3, max_in_flight=1, retry=RetryPolicy(attempts=4, **FAST)
+        )
     )
     assert [next(iterator), next(iterator)] == [0, 10]
     with pytest.raises(FetchError) as caught:
@@ -101,7 +106,9 @@ def test_attempts_run_out():
 def test_permanent_errors_are_not_retried(error):
     fetch = Flaky({5: 100}, error=error)
     iterator = BlockingPrefetcher(
-        range(10), fetch, readahead=3, max_in_flight=2, retry=RetryPolicy(attempts=5, **FAST)
+        Prefetcher(
+            range(10), fetch, readahead=3, max_in_flight=2, retry=RetryPolicy(attempts=5, **FAST)
+        )
     )
     with pytest.raises(FetchError) as caught:
         list(iterator)
@@ -112,7 +119,7 @@ def test_permanent_errors_are_not_retried(error):
 
 def test_no_policy_means_one_attempt():
     fetch = Flaky({1: 1})
-    iterator = BlockingPrefetcher(range(4), fetch, readahead=2, max_in_flight=1)
+    iterator = BlockingPrefetcher(Prefetcher(range(4), fetch, readahead=2, max_in_flight=1))
     assert next(iterator) == 0
     with pytest.raises(FetchError) as caught:
         next(iterator)
@@ -129,12 +136,14 @@ def test_errors_of_process_are_raised_unchanged_and_never_retried():
         return raw + 1
 
     iterator = BlockingPrefetcher(
-        range(6),
-        Flaky({}),
-        process=process,
-        readahead=2,
-        max_in_flight=1,
-        retry=RetryPolicy(attempts=3, **FAST),
+        Prefetcher(
+            range(6),
+            Flaky({}),
+            process=process,
+            readahead=2,
+            max_in_flight=1,
+            retry=RetryPolicy(attempts=3, **FAST),
+        )
     )
     assert [next(iterator), next(iterator)] == [1, 11]
     with pytest.raises(OSError, match="503"):
@@ -165,7 +174,9 @@ class Stuck:
 def test_a_stuck_fetch_times_out_and_its_retry_delivers():
     fetch = Stuck(2)
     policy = RetryPolicy(attempts=3, timeout=0.3, **FAST)
-    iterator = BlockingPrefetcher(range(8), fetch, readahead=4, max_in_flight=2, retry=policy)
+    iterator = BlockingPrefetcher(
+        Prefetcher(range(8), fetch, readahead=4, max_in_flight=2, retry=policy)
+    )
     started = time.monotonic()
     try:
         assert list(iterator) == [i * 10 for i in range(8)]
@@ -182,7 +193,9 @@ def test_a_fetch_stuck_on_every_attempt_fails_within_the_budget():
     stuck calls, which end in the background once released."""
     fetch = Stuck(1, always=True)
     policy = RetryPolicy(attempts=3, timeout=0.2, **FAST)
-    iterator = BlockingPrefetcher(range(8), fetch, readahead=2, max_in_flight=2, retry=policy)
+    iterator = BlockingPrefetcher(
+        Prefetcher(range(8), fetch, readahead=2, max_in_flight=2, retry=policy)
+    )
     started = time.monotonic()
     try:
         assert next(iterator) == 0
@@ -216,12 +229,14 @@ def test_the_timeout_covers_the_read_only_not_process():
 
     fetch = Flaky({})
     iterator = BlockingPrefetcher(
-        range(2),
-        fetch,
-        process=process,
-        readahead=2,
-        max_in_flight=2,
-        retry=RetryPolicy(attempts=3, timeout=0.5, **FAST),
+        Prefetcher(
+            range(2),
+            fetch,
+            process=process,
+            readahead=2,
+            max_in_flight=2,
+            retry=RetryPolicy(attempts=3, timeout=0.5, **FAST),
+        )
     )
     assert list(iterator) == [1, 11]
     assert fetch.attempts == Counter({0: 1, 1: 1})
@@ -233,7 +248,9 @@ def test_waiting_for_the_in_flight_limit_is_not_timed():
     0.25 s timeout, yet none times out."""
     fetch = Flaky({}, delay=0.15)
     iterator = BlockingPrefetcher(
-        range(8), fetch, readahead=8, max_in_flight=1, retry=RetryPolicy(timeout=0.25, **FAST)
+        Prefetcher(
+            range(8), fetch, readahead=8, max_in_flight=1, retry=RetryPolicy(timeout=0.25, **FAST)
+        )
     )
     assert list(iterator) == [i * 10 for i in range(8)]
     assert sum(fetch.attempts.values()) == 8
@@ -243,7 +260,9 @@ def test_close_during_backoff_ends_promptly():
     """A batch waiting 5 s before its next attempt does not hold close() up."""
     fetch = Flaky({1: 100})
     policy = RetryPolicy(attempts=5, backoff=5.0, max_backoff=5.0)
-    iterator = BlockingPrefetcher(range(4), fetch, readahead=2, max_in_flight=1, retry=policy)
+    iterator = BlockingPrefetcher(
+        Prefetcher(range(4), fetch, readahead=2, max_in_flight=1, retry=policy)
+    )
     assert next(iterator) == 0
     assert wait_until(lambda: fetch.attempts[1] >= 1)
     started = time.monotonic()
@@ -314,7 +333,7 @@ def test_a_policy_pickles_and_the_prefetcher_refuses_anything_else():
     policy = RetryPolicy(attempts=5, backoff=0.2, max_backoff=2.0, timeout=10.0)
     assert pickle.loads(pickle.dumps(policy)) == policy
     with pytest.raises(TypeError, match="retry should be a RetryPolicy or None"):
-        BlockingPrefetcher(range(2), Flaky({}), readahead=1, max_in_flight=1, retry=3)
+        BlockingPrefetcher(Prefetcher(range(2), Flaky({}), readahead=1, max_in_flight=1, retry=3))
 
 
 def test_a_late_duplicate_failing_after_the_slot_was_served_changes_nothing():
@@ -337,12 +356,14 @@ def test_a_late_duplicate_failing_after_the_slot_was_served_changes_nothing():
         return raw * 10
 
     iterator = BlockingPrefetcher(
-        range(6),
-        fetch,
-        process=process,
-        readahead=2,
-        max_in_flight=1,
-        retry=RetryPolicy(attempts=5, timeout=0.1, **FAST),
+        Prefetcher(
+            range(6),
+            fetch,
+            process=process,
+            readahead=2,
+            max_in_flight=1,
+            retry=RetryPolicy(attempts=5, timeout=0.1, **FAST),
+        )
     )
     assert list(iterator) == [i * 10 for i in range(6)]
     assert calls[0] >= 2
@@ -357,7 +378,13 @@ def test_a_crashing_producer_is_an_error_never_a_quiet_end():
 
     fetch = Flaky({3: 1}, delay=0.01)
     iterator = BlockingPrefetcher(
-        range(100), fetch, readahead=8, max_in_flight=2, retry=RetryPolicy(retry_on=rule, **FAST)
+        Prefetcher(
+            range(100),
+            fetch,
+            readahead=8,
+            max_in_flight=2,
+            retry=RetryPolicy(retry_on=rule, **FAST),
+        )
     )
     received = []
     with pytest.raises((RuntimeError, KeyboardInterrupt)) as caught:
@@ -380,7 +407,13 @@ def blocked_on_retry_on(items):
 
     fetch = Flaky({2: 1})
     iterator = BlockingPrefetcher(
-        range(items), fetch, readahead=8, max_in_flight=2, retry=RetryPolicy(retry_on=rule, **FAST)
+        Prefetcher(
+            range(items),
+            fetch,
+            readahead=8,
+            max_in_flight=2,
+            retry=RetryPolicy(retry_on=rule, **FAST),
+        )
     )
     assert [next(iterator), next(iterator)] == [0, 10]
     assert wait_until(lambda: set(fetch.attempts) == set(range(10)), timeout=3.0)

@@ -14,8 +14,8 @@ from collections import Counter
 import lance
 import numpy as np
 import pytest
-from helpers import batch_ids, collect, exact, expected_rank_ids
-from s3server import SilentServer, closed_port
+from support.helpers import batch_ids, collect, expected_rank_ids, stopping
+from support.s3server import SilentServer, closed_port
 from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
@@ -33,10 +33,9 @@ def secrets_of(s3, options: dict[str, str]) -> list[str]:
     return values
 
 
-@exact
-def test_full_epoch_reads_every_row_exactly_once(s3, s3_ids_503):
+def test_full_epoch_reads_every_row_exactly_once(make_loader, s3, s3_ids_503):
     """One epoch over S3 yields the plan's exact batches: every row once, the right values."""
-    loader = PrefetchLoader(
+    loader = make_loader(
         s3_ids_503, 10, columns=["id", "vector"], seed=3, drop_last=False,
         storage_options=s3.storage_options(),
     )  # fmt: skip
@@ -51,12 +50,11 @@ def test_full_epoch_reads_every_row_exactly_once(s3, s3_ids_503):
         np.testing.assert_array_equal(batch["vector"].numpy(), expected)
 
 
-@exact
-def test_ranks_split_an_s3_epoch_without_repeats(s3, s3_ids_503):
+def test_ranks_split_an_s3_epoch_without_repeats(make_loader, s3, s3_ids_503):
     """Two ranks, drop_last=True: 25 full batches each, 500 distinct rows, the plan's exact ids."""
     streams = []
     for rank in (0, 1):
-        loader = PrefetchLoader(
+        loader = make_loader(
             s3_ids_503, 10, columns=["id"], seed=5, rank=rank, world_size=2,
             storage_options=s3.storage_options(), readahead=4, max_in_flight=2,
         )  # fmt: skip
@@ -85,7 +83,8 @@ def test_spawn_workers_read_with_credentials_only_in_storage_options(s3, s3_ids_
         s3_ids_503, 10, columns=["id"], seed=7, drop_last=False,
         storage_options=s3.storage_options(), transform=no_aws_environment,
     )  # fmt: skip
-    assert collect(loader, num_workers=2) == expected_rank_ids(loader)
+    # spawn: a forkserver started earlier would hand its workers the environment of then
+    assert collect(loader, num_workers=2, context="spawn") == expected_rank_ids(loader)
 
 
 def _wrong_bucket(s3):
@@ -201,9 +200,12 @@ def test_a_read_failing_in_a_worker_holds_no_secret(s3, fresh_s3_ids):
     for item in listed["Contents"]:
         client.delete_object(Bucket="training", Key=item["Key"])
     data = DataLoader(loader, batch_size=None, num_workers=1, multiprocessing_context="spawn")
-    with pytest.raises(
-        BatchLoadError, match=rf"batch 0 of epoch 0 \(10 rows\) from {re.escape(repr(uri))}"
-    ) as info:
-        list(data)
+    with (
+        pytest.raises(
+            BatchLoadError, match=rf"batch 0 of epoch 0 \(10 rows\) from {re.escape(repr(uri))}"
+        ) as info,
+        stopping(data) as iterator,
+    ):
+        list(iterator)
     for secret in secrets_of(s3, s3.storage_options()):
         assert secret not in full_text(info.value)

@@ -1,4 +1,4 @@
-"""Tests for lance_prefetch.scheduling with fake fetch functions (no Lance, no torch)."""
+"""Tests for the producer and the blocking wrapper (lance_prefetch._prefetcher, _blocking) with fake fetch functions (no Lance, no torch)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import time
 import anyio
 import anyio.to_thread
 import pytest
-from helpers import child_exit_code, loop_threads, wait_until
+from support.helpers import child_exit_code, loop_threads, wait_until
 
-from lance_prefetch import scheduling
-from lance_prefetch.scheduling import BlockingPrefetcher, FetchError, Prefetcher
+from lance_prefetch import _slots
+from lance_prefetch._blocking import BlockingPrefetcher
+from lance_prefetch._prefetcher import FetchError, Prefetcher
 
 
 class FakeFetch:
@@ -56,7 +57,7 @@ class FakeFetch:
 def test_results_come_in_plan_order_when_fetches_finish_out_of_order():
     """Item 0 is the slowest, item 5 slower than its neighbours: order still 0, 1, 2, ..."""
     fetch = FakeFetch(delays={i: 0.05 for i in range(12)} | {0: 0.3, 5: 0.15})
-    iterator = BlockingPrefetcher(range(12), fetch, readahead=6, max_in_flight=4)
+    iterator = BlockingPrefetcher(Prefetcher(range(12), fetch, readahead=6, max_in_flight=4))
     assert fetch.consume(iterator) == [i * 10 for i in range(12)]
     assert fetch.max_running == 4
 
@@ -65,7 +66,7 @@ def test_results_come_in_plan_order_when_fetches_finish_out_of_order():
 def test_every_item_once_for_any_depth(readahead, max_in_flight):
     fetch = FakeFetch()
     iterator = BlockingPrefetcher(
-        range(101), fetch, readahead=readahead, max_in_flight=max_in_flight
+        Prefetcher(range(101), fetch, readahead=readahead, max_in_flight=max_in_flight)
     )
     assert fetch.consume(iterator) == [i * 10 for i in range(101)]
     assert fetch.started == 101
@@ -75,7 +76,7 @@ def test_every_item_once_for_any_depth(readahead, max_in_flight):
 def test_readahead_bounds_held_items_while_one_fetch_stalls():
     """With item 3 stalled for 1 s and readahead 4, never more than 4 items are held."""
     fetch = FakeFetch(delays={3: 1.0})
-    iterator = BlockingPrefetcher(range(20), fetch, readahead=4, max_in_flight=4)
+    iterator = BlockingPrefetcher(Prefetcher(range(20), fetch, readahead=4, max_in_flight=4))
     fetch.prefetcher = iterator
     seen_held = []
     out = []
@@ -90,7 +91,7 @@ def test_readahead_bounds_held_items_while_one_fetch_stalls():
 
 def test_the_error_of_a_fetch_surfaces_in_order_and_stops_the_producer():
     fetch = FakeFetch(fail=2)
-    iterator = BlockingPrefetcher(range(100), fetch, readahead=4, max_in_flight=2)
+    iterator = BlockingPrefetcher(Prefetcher(range(100), fetch, readahead=4, max_in_flight=2))
     assert next(iterator) == 0
     assert next(iterator) == 10
     with pytest.raises(FetchError) as caught:
@@ -111,7 +112,7 @@ def test_a_broken_plan_raises_instead_of_ending_quietly():
         yield 1
         raise ValueError("plan broke")
 
-    iterator = BlockingPrefetcher(plan(), FakeFetch(), readahead=3, max_in_flight=1)
+    iterator = BlockingPrefetcher(Prefetcher(plan(), FakeFetch(), readahead=3, max_in_flight=1))
     assert [next(iterator), next(iterator)] == [0, 10]
     with pytest.raises(ValueError, match="plan broke"):
         next(iterator)
@@ -120,7 +121,7 @@ def test_a_broken_plan_raises_instead_of_ending_quietly():
 def test_close_waits_for_running_fetches_and_their_threads():
     """After close() no fetch is running and every thread that ran one has exited."""
     fetch = FakeFetch(delays={i: 0.2 for i in range(10)})
-    iterator = BlockingPrefetcher(range(10), fetch, readahead=4, max_in_flight=3)
+    iterator = BlockingPrefetcher(Prefetcher(range(10), fetch, readahead=4, max_in_flight=3))
     assert next(iterator) == 0
     iterator.close()
     assert fetch.running == 0
@@ -132,10 +133,10 @@ def test_close_waits_a_bounded_time_for_a_stuck_fetch(caplog):
     """A fetch stuck for 3 s is abandoned after close_timeout_s, with a warning."""
     fetch = FakeFetch(delays={1: 3.0})
     iterator = BlockingPrefetcher(
-        range(10), fetch, readahead=4, max_in_flight=2, close_timeout_s=0.3
+        Prefetcher(range(10), fetch, readahead=4, max_in_flight=2), close_timeout_s=0.3
     )
     assert next(iterator) == 0
-    time.sleep(0.05)  # let item 1 start
+    assert wait_until(lambda: fetch.running == 1 and fetch.started >= 2)  # item 1 is stuck
     before = time.monotonic()
     iterator.close()
     assert 0.25 < time.monotonic() - before < 1.5
@@ -146,7 +147,9 @@ def test_close_waits_a_bounded_time_for_a_stuck_fetch(caplog):
 
 def test_garbage_collection_after_break_stops_the_thread():
     def run():
-        for value in BlockingPrefetcher(range(1000), FakeFetch(), readahead=8, max_in_flight=2):
+        for value in BlockingPrefetcher(
+            Prefetcher(range(1000), FakeFetch(), readahead=8, max_in_flight=2)
+        ):
             if value == 30:
                 break
 
@@ -157,7 +160,7 @@ def test_garbage_collection_after_break_stops_the_thread():
 
 def test_close_from_another_thread_ends_a_waiting_consumer():
     fetch = FakeFetch(delays={0: 5.0})
-    iterator = BlockingPrefetcher(range(5), fetch, readahead=2, max_in_flight=1)
+    iterator = BlockingPrefetcher(Prefetcher(range(5), fetch, readahead=2, max_in_flight=1))
     threading.Timer(0.2, iterator.close).start()
     before = time.monotonic()
     assert list(iterator) == []
@@ -204,7 +207,7 @@ def test_a_forked_child_drops_its_inherited_copy_without_hanging():
     """A child forked while an iterator is live can drop (and close) its copy at once."""
     import os
 
-    iterator = BlockingPrefetcher(range(100), FakeFetch(), readahead=2, max_in_flight=1)
+    iterator = BlockingPrefetcher(Prefetcher(range(100), FakeFetch(), readahead=2, max_in_flight=1))
     next(iterator)
     pid = os.fork()
     if pid == 0:  # child: the event-loop thread does not exist here
@@ -228,7 +231,7 @@ def test_base_exceptions_in_fetch_surface_in_order(error):
             raise error
         return item
 
-    iterator = BlockingPrefetcher(range(100), fetch, readahead=4, max_in_flight=2)
+    iterator = BlockingPrefetcher(Prefetcher(range(100), fetch, readahead=4, max_in_flight=2))
     received = []
     with pytest.raises(type(error)):
         for item in iterator:
@@ -241,7 +244,7 @@ def test_base_exceptions_in_fetch_surface_in_order(error):
 def test_a_forked_child_cannot_use_an_inherited_iterator():
     import os
 
-    iterator = BlockingPrefetcher(range(100), FakeFetch(), readahead=2, max_in_flight=1)
+    iterator = BlockingPrefetcher(Prefetcher(range(100), FakeFetch(), readahead=2, max_in_flight=1))
     next(iterator)
     pid = os.fork()
     if pid == 0:
@@ -264,7 +267,7 @@ def test_a_producer_cancelled_while_handing_out_an_item_finishes_every_slot():
     import asyncio
     import warnings
 
-    from lance_prefetch.scheduling import PrefetcherClosed
+    from lance_prefetch._prefetcher import PrefetcherClosed
 
     def plan():
         for item in range(10):
@@ -284,7 +287,7 @@ def test_a_producer_cancelled_while_handing_out_an_item_finishes_every_slot():
         gc.collect()
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
     slots = []
-    while (slot := prefetcher._ready.get_nowait()) is not scheduling._END:
+    while (slot := prefetcher._ready.get_nowait()) is not _slots.END:
         slots.append(slot)
     assert len(slots) == 4 and all(slot.is_set for slot in slots)
     assert isinstance(slots[3].error, PrefetcherClosed)

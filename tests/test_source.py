@@ -1,4 +1,4 @@
-"""Tests for lance_prefetch.source: pinning, projection, take by offset, pickling."""
+"""Tests for lance_prefetch._source: pinning, projection, take by offset, pickling."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lance_prefetch.source import LanceSource, redact
+from lance_prefetch._config import SourceOptions
+from lance_prefetch._source import LanceSource, redact
 
 
 def test_take_returns_rows_in_the_requested_order_across_fragments(ids_1003):
-    source = LanceSource(ids_1003, columns=["id", "vector"])
+    source = LanceSource(ids_1003, SourceOptions(columns=["id", "vector"]))
     indices = np.array([1002, 0, 299, 300, 601, 5, 5], dtype=np.uint16)  # 4 fragments, a repeat
     table = source.take(indices)
     assert table.column("id").to_pylist() == [1002, 0, 299, 300, 601, 5, 5]
@@ -41,13 +42,13 @@ def test_version_is_pinned_at_construction(fresh_ids):
     assert source.version == fresh.version == 1 and fresh.num_rows == 10
     assert fresh.take(np.arange(10)).column("id").to_pylist() == list(range(10))
     assert LanceSource(uri).num_rows == 11
-    assert LanceSource(uri, version=1).num_rows == 10
+    assert LanceSource(uri, SourceOptions(version=1)).num_rows == 10
 
 
 def test_offsets_address_live_rows_after_deletes(fresh_ids):
     uri = fresh_ids(10)
     lance.dataset(uri).delete("id >= 3 AND id <= 5")
-    source = LanceSource(uri, columns=["id"])
+    source = LanceSource(uri, SourceOptions(columns=["id"]))
     assert source.num_rows == 7
     assert source.take(np.arange(7)).column("id").to_pylist() == [0, 1, 2, 6, 7, 8, 9]
 
@@ -57,11 +58,11 @@ def test_open_dataset_and_tag(fresh_ids):
     dataset = lance.dataset(uri)
     dataset.tags.create("v1", 1)
     assert LanceSource(dataset).version == 1
-    assert LanceSource(uri, version="v1").version == 1
+    assert LanceSource(uri, SourceOptions(version="v1")).version == 1
 
 
 def test_pickles_small_without_the_open_dataset(ids_1003):
-    source = LanceSource(ids_1003, storage_options={"region": "x"})
+    source = LanceSource(ids_1003, SourceOptions(storage_options={"region": "x"}))
     data = pickle.dumps(source)
     assert len(data) < 1500
     clone = pickle.loads(data)
@@ -85,7 +86,7 @@ def test_missing_version(ids_25):
     with pytest.raises(
         ValueError, match=r"^version=7 does not exist in '.*'; its latest version is 1$"
     ):
-        LanceSource(ids_25, version=7)
+        LanceSource(ids_25, SourceOptions(version=7))
 
 
 @pytest.mark.parametrize(
@@ -99,21 +100,21 @@ def test_missing_version(ids_25):
 )  # fmt: skip
 def test_bad_columns(ids_25, columns, error, message):
     with pytest.raises(error, match=message):
-        LanceSource(ids_25, columns=columns)
+        LanceSource(ids_25, SourceOptions(columns=columns))
 
 
 def test_bad_source_and_storage_options(ids_25):
     with pytest.raises(TypeError, match=r"^source should be a dataset URI .* but got int$"):
         LanceSource(42)
     with pytest.raises(TypeError, match=r"keys \['aws_secret_access_key'\]$") as info:
-        LanceSource(ids_25, storage_options={"aws_secret_access_key": 123})
+        LanceSource(ids_25, SourceOptions(storage_options={"aws_secret_access_key": 123}))
     assert "123" not in str(info.value)
 
 
 def test_repr_and_redact_hide_secrets(ids_25):
     options = {"aws_access_key_id": "AKIA1", "aws_secret_access_key": "s3cr3t",
                "aws_session_token": "tok", "aws_endpoint": "http://127.0.0.1:9000"}  # fmt: skip
-    text = repr(LanceSource(ids_25, storage_options=options))
+    text = repr(LanceSource(ids_25, SourceOptions(storage_options=options)))
     for secret in ("AKIA1", "s3cr3t", "tok'"):
         assert secret not in text
     assert "http://127.0.0.1:9000" in text
@@ -139,7 +140,7 @@ class _QuotingDataset:
 
 
 def test_a_read_error_quoting_a_secret_is_re_raised_without_it(ids_25, monkeypatch):
-    source = LanceSource(ids_25, columns=["id"], storage_options=QUOTING)
+    source = LanceSource(ids_25, SourceOptions(columns=["id"], storage_options=QUOTING))
     monkeypatch.setattr(source, "_dataset", _QuotingDataset())
     with pytest.raises(ValueError, match=r"^signing with \*\*\* for \*\*\* failed$") as info:
         source.take(np.array([1]))
@@ -164,6 +165,6 @@ def test_an_open_error_quoting_a_secret_is_raised_without_it(
 
     monkeypatch.setattr(lance, "dataset", failing_open)
     with pytest.raises(error, match=message) as info:
-        LanceSource("s3://b/d.lance", storage_options=QUOTING)
+        LanceSource("s3://b/d.lance", SourceOptions(storage_options=QUOTING))
     text = "".join(traceback.format_exception(info.value))
     assert "s3cr3t-value" not in text and "AKIAQUOTED" not in text

@@ -4,7 +4,7 @@ explanation of Lance's open errors (Lance's messages as pylance 14 words them; n
 from __future__ import annotations
 
 import pytest
-from s3server import SilentServer, closed_port
+from support.s3server import SilentServer, closed_port
 
 from lance_prefetch._storage import (
     check_s3_options,

@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 import pytest
-from helpers import exact, expected_rank_ids
+from support.helpers import expected_rank_ids
 
 from lance_prefetch import LoaderStats, PrefetchLoader
-from lance_prefetch.telemetry import LATENCIES, Telemetry
+from lance_prefetch._telemetry import LATENCIES, Telemetry
 
 
 class Clock:
@@ -106,9 +106,8 @@ def test_stats_before_any_iteration_are_zeros(ids_1003):
     assert stats.epoch is None and stats.batches == 0 and math.isnan(stats.take_ms_p50)
 
 
-@exact
-def test_stats_after_an_epoch_count_every_batch_and_row(ids_1003):
-    loader = PrefetchLoader(ids_1003, 100, columns=["id", "vector"], drop_last=False, seed=4)
+def test_stats_after_an_epoch_count_every_batch_and_row(make_loader, ids_1003):
+    loader = make_loader(ids_1003, 100, columns=["id", "vector"], drop_last=False, seed=4)
     loader.set_epoch(2)
     batches = [batch["id"].tolist() for batch in loader]
     assert batches == expected_rank_ids(loader)

@@ -9,12 +9,14 @@ import threading
 import time
 
 import pytest
-from helpers import batch_ids, expected_rank_ids
+from support.helpers import batch_ids, expected_rank_ids, wait_until
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch.scheduling import BlockingPrefetcher
-from lance_prefetch.source import LanceSource
-from lance_prefetch.tuning import (
+from lance_prefetch._blocking import BlockingPrefetcher
+from lance_prefetch._config import LoaderConfig
+from lance_prefetch._prefetcher import Prefetcher
+from lance_prefetch._source import LanceSource
+from lance_prefetch._tuning import (
     CALM_PERIODS,
     JUDGE_PERIODS,
     MAX_LEVEL,
@@ -24,7 +26,6 @@ from lance_prefetch.tuning import (
     START_LEVEL_MEMORY,
     Bounds,
     DepthTuner,
-    check_depth,
 )
 
 
@@ -135,7 +136,7 @@ def test_a_slower_halving_is_not_kept_on_one_lucky_period(caplog):
         "(the period(s) before waited 90.0%, read 53000 rows/s)"
     )
     assert levels == [8, 8, 4, 2, 2, 4, 4] and tuner.hold_left == PROBE_PERIODS - 1
-    assert [rate for _, rate in tuner._latest[2]] == [61_000.0, 45_000.0]  # each period
+    assert [rate for _, rate in tuner.history.latest[2]] == [61_000.0, 45_000.0]  # each period
     assert tuner.seen[2] == pytest.approx((0.9, 53_000.0))
     assert tuner.seen[4] == pytest.approx((0.9, 66_000.0))
 
@@ -345,7 +346,13 @@ def test_caps_bound_the_level():
 def test_resize_refuses_a_readahead_below_an_item():
     gate = threading.Event()
     iterator = BlockingPrefetcher(
-        iter(range(10)), lambda item: gate.wait(5), readahead=6, max_in_flight=2, size=lambda i: 3
+        Prefetcher(
+            iter(range(10)),
+            lambda item: gate.wait(5),
+            readahead=6,
+            max_in_flight=2,
+            size=lambda i: 3,
+        )
     )
     try:
         time.sleep(0.1)
@@ -371,7 +378,7 @@ def test_row_bytes_are_learnt_from_the_reads():
 def test_bad_depths(value, error):
     match = "readahead should be an integer or 'auto'" if error is TypeError else ">= 1"
     with pytest.raises(error, match=match):
-        check_depth("readahead", value)
+        LoaderConfig(batch_size=4, readahead=value)  # the one check, before any I/O
     with pytest.raises(error, match=match):
         PrefetchLoader("/nonexistent.lance", 4, readahead=value)
 
@@ -392,9 +399,9 @@ def test_a_running_prefetcher_grows_and_shrinks():
         gate.wait(10)
         return item
 
-    iterator = BlockingPrefetcher(iter(range(100)), fetch, readahead=2, max_in_flight=2)
+    iterator = BlockingPrefetcher(Prefetcher(iter(range(100)), fetch, readahead=2, max_in_flight=2))
     try:
-        time.sleep(0.2)
+        assert wait_until(lambda: len(started) == 2)  # both slots taken: the producer waits
         assert iterator.statistics().held == 2
         iterator.resize(6, 6)
         deadline = time.monotonic() + 5

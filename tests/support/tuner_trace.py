@@ -61,7 +61,9 @@ def simulate(tuner_class, name: str, options: dict, model: tuple, *, seed: int =
             rate = min(supply, demand)
             step = batch_size / rate
             if hidden:  # the loop waits when reads fall short of the step's pace
-                wait = max(0.0, batch_size / supply - batch_size / demand) + rng.uniform(0, 1e-4 + wait_noise * step)
+                wait = max(0.0, batch_size / supply - batch_size / demand) + rng.uniform(
+                    0, 1e-4 + wait_noise * step
+                )
             else:
                 wait = step * (0.9 + rng.uniform(-0.05, 0.05))
             now += step
@@ -113,8 +115,7 @@ def fuzz(tuner_class, seed: int, periods: int = 4000) -> list:
 
 def record(tuner_class) -> dict:
     trace = {
-        name: simulate(tuner_class, name, options, model)
-        for name, options, model in SCENARIOS
+        name: simulate(tuner_class, name, options, model) for name, options, model in SCENARIOS
     }
     trace.update({f"fuzz-{seed}": fuzz(tuner_class, seed) for seed in range(4)})
     return trace
@@ -125,4 +126,4 @@ if __name__ == "__main__":
     from lance_prefetch.tuning import DepthTuner
 
     TRACE.write_text(json.dumps(record(DepthTuner), indent=None) + "\n")
-    print({name: len(decisions) for name, decisions in json.loads(TRACE.read_text()).items()})
+    print({n: len(d) for n, d in json.loads(TRACE.read_text()).items()})  # noqa: T201

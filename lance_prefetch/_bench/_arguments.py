@@ -1,0 +1,161 @@
+"""The ``lance-prefetch bench`` command's arguments, and the :class:`BenchConfig` they make."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._spec import KINDS
+from .config import BenchConfig
+from .latency_proxy import Latency
+
+__all__ = ["add_arguments", "config_from_args"]
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"should be integers separated by commas, got {text!r}"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"should be integers >= 1, got {text!r}")
+    return values
+
+
+def _int_or_auto_list(text: str) -> tuple[int | str, ...]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    numbers = ",".join(part for part in parts if part != "auto")
+    values: tuple[int | str, ...] = _int_list(numbers) if numbers else ()
+    if not parts:
+        raise argparse.ArgumentTypeError(f"should be integers or 'auto', got {text!r}")
+    return values + (("auto",) if "auto" in parts else ())
+
+
+def _caches(text: str) -> tuple[str, ...]:
+    values = _names(text)
+    wrong = [value for value in values if value not in ("none", "memory", "disk")]
+    if wrong or not values:
+        raise argparse.ArgumentTypeError(f"should be among none,memory,disk, got {text!r}")
+    return values
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"should be KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` command's arguments to ``parser``."""
+    defaults = BenchConfig()
+    latency = defaults.latency
+    add = parser.add_argument
+    add("uri", nargs="?", help="Lance dataset to read (local or s3://...); omit it to write a "
+        "synthetic one (--rows) to a temporary folder, or to the emulated S3 with --local-s3")  # fmt: skip
+    add("--local-s3", action="store_true",
+        help="emulate S3 on 127.0.0.1 (nginx + rclone serve s3 + a latency proxy), write the "
+        "synthetic dataset there, and stop it all at the end")  # fmt: skip
+    add("--storage-option", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+        help="passed to Lance (repeat for several), e.g. aws_endpoint=http://...")  # fmt: skip
+    add("--columns", type=_names, help="comma-separated columns to read (default: all)")
+    add("--batch-size", type=int, default=defaults.batch_size, help="rows per batch")
+    add("--batches", type=int, default=defaults.batches, help="batches per timed pass")
+    add("--warmup-batches", type=int, default=defaults.warmup_batches)
+    add("--seed", type=int, default=defaults.seed)
+    add("--step-ms", type=float, default=defaults.step_ms,
+        help="simulated training step of the step pass (sleep), ms")  # fmt: skip
+    add("--rows", type=int, default=defaults.rows, help="rows of the synthetic dataset")
+    add("--rows-per-file", type=int, default=defaults.rows_per_file)
+    add("--readahead", type=_int_or_auto_list, default=defaults.readahead, metavar="N,N,...",
+        help="lance-prefetch readahead values; 'auto' adds a readahead=auto, "
+        "max_in_flight=auto setting (default: 1,4,16,64)")  # fmt: skip
+    add("--max-in-flight", type=_int_or_auto_list, default=defaults.max_in_flight,
+        metavar="N,N,...", help="lance-prefetch max_in_flight values; pairs above readahead are "
+        "skipped (default: 1,4,16)")  # fmt: skip
+    add("--coalesce", type=_int_or_auto_list, default=defaults.coalesce, metavar="N,...",
+        help="lance-prefetch coalesce values, e.g. 1,auto (default: auto)")  # fmt: skip
+    add("--cache", type=_caches, default=defaults.cache, metavar="none,memory,disk",
+        help="lance-prefetch cache values (default: none)")  # fmt: skip
+    add("--repeats", type=int, default=defaults.repeats,
+        help="runs of each lance-prefetch setting, in interleaved rounds; the median counts "
+        "(default: 1)")  # fmt: skip
+    add("--ceiling-concurrency", type=_int_list, default=defaults.ceiling_concurrency,
+        metavar="N,N,...", help="thread-pool sizes tried by ceiling (default: 4,16,64)")  # fmt: skip
+    add("--ceiling-repeats", type=int, default=defaults.ceiling_repeats,
+        help="runs of ceiling per pool size; the best counts (default: 2)")  # fmt: skip
+    add("--map-workers", type=int, default=defaults.map_workers)
+    add("--contenders", type=_names, default=defaults.contenders,
+        help=f"comma-separated, among {','.join(KINDS)} (default: the first five)")  # fmt: skip
+    add("--delay-ms", type=float, default=latency.delay_ms, help="--local-s3 added delay, ms")
+    add("--jitter-ms", type=float, default=latency.jitter_ms, help="+/- uniform jitter, ms")
+    add("--tail-fraction", type=float, default=latency.tail_fraction,
+        help="fraction of requests in the slow tail")  # fmt: skip
+    add("--tail-ms", type=float, default=latency.tail_ms, help="the slow tail's extra delay, ms")
+    add("--latency-seed", type=int, default=latency.seed)
+    add("--aimd-rate", type=int, default=defaults.aimd_rate,
+        help="pin Lance's request-rate limiter on object stores at this many requests/s "
+        "(0: Lance's default ramp)")  # fmt: skip
+    add("--io", choices=("default", "uring"), default=defaults.io,
+        help="uring: every contender reads the local dataset through Lance's io_uring reader "
+        "(file+uring://)")  # fmt: skip
+    add("--io-threads", type=int, help="set LANCE_IO_THREADS for the contenders")
+    add("--id-column", default=defaults.id_column,
+        help="column with row ids for the same-ids check ('' for none: offsets are used)")  # fmt: skip
+    add("--record-ids", action="store_true", help="store every id read in the JSON")
+    add("--out", type=Path, default=defaults.out_dir, help="folder for NAME.json/.md/.png")
+    add("--name", default=defaults.name, help="file name of the outputs, without suffix")
+    add("--contender-timeout-s", type=float, default=defaults.contender_timeout_s)
+    add("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The :class:`BenchConfig` for parsed ``bench`` arguments.
+
+    Raises:
+        ValueError: as :class:`BenchConfig`.
+    """
+    return BenchConfig(
+        uri=args.uri,
+        local_s3=args.local_s3,
+        rows=args.rows,
+        rows_per_file=args.rows_per_file,
+        storage_options=dict(args.storage_option),
+        columns=args.columns,
+        batch_size=args.batch_size,
+        batches=args.batches,
+        warmup_batches=args.warmup_batches,
+        seed=args.seed,
+        step_ms=args.step_ms,
+        readahead=args.readahead,
+        max_in_flight=args.max_in_flight,
+        coalesce=args.coalesce,
+        cache=args.cache,
+        repeats=args.repeats,
+        ceiling_concurrency=args.ceiling_concurrency,
+        ceiling_repeats=args.ceiling_repeats,
+        map_workers=args.map_workers,
+        contenders=args.contenders,
+        latency=Latency(
+            delay_ms=args.delay_ms,
+            jitter_ms=args.jitter_ms,
+            tail_fraction=args.tail_fraction,
+            tail_ms=args.tail_ms,
+            seed=args.latency_seed,
+        ),
+        aimd_rate=args.aimd_rate,
+        io=args.io,
+        io_threads=args.io_threads,
+        id_column=args.id_column or None,
+        record_ids=args.record_ids,
+        out_dir=args.out,
+        name=args.name,
+        contender_timeout_s=args.contender_timeout_s,
+        progress=not args.no_progress,
+    )

@@ -1,0 +1,123 @@
+"""What a contender's process is told to run (:class:`ContenderSpec`), and what every contender
+shares: the contender kinds, the epochs of the passes, the dataset and the plan's batches."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..sampling import EpochPlan
+
+__all__ = [
+    "ContenderSpec",
+    "DEFAULT_KINDS",
+    "KINDS",
+    "STEP_EPOCH",
+    "THROUGHPUT_EPOCH",
+    "WARMUP_EPOCH",
+    "open_dataset",
+    "plan_batches",
+]
+
+#: Every contender, by name (``docs/benchmarks.md`` describes each).
+KINDS = (
+    "sequential",
+    "map-style",
+    "lance-torch",
+    "ceiling",
+    "lance-prefetch",
+    "prefetch-workers",
+    "lance-map",
+    "lance-map-rows",
+)
+#: What runs without ``--contenders``.
+DEFAULT_KINDS = KINDS[:5]
+#: The epochs of the throughput, step and warm-up passes.
+THROUGHPUT_EPOCH, STEP_EPOCH, WARMUP_EPOCH = 0, 1, 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContenderSpec:
+    """Everything a contender's process needs (JSON-able; sent as a file).
+
+    Args:
+        kind (str): one of :data:`KINDS`.
+        uri (str): dataset URI. version (int): the dataset version every contender reads.
+        num_rows (int): live rows of that version.
+        columns (list[str]): columns to read.
+        storage_options (dict[str, str], optional): passed to Lance. Default: ``None``.
+        batch_size (int): rows per batch. batches (int): batches per timed pass.
+        warmup_batches (int): batches read before timing. Default: ``2``.
+        seed (int): seed of every epoch's permutation. Default: ``0``.
+        step_ms (float): simulated training step of the step pass, in ms. Default: ``50.0``.
+        id_column (str, optional): a column holding row ids; when it is read, the recorded ids
+            come from the data, else from the offsets asked for. Default: ``"id"``.
+        record_ids (bool): put every id read into the result, not only checksums. Default:
+            ``False``.
+        readahead (int | str), max_in_flight (int | str): for ``lance-prefetch`` (``"auto"``
+            allowed). Default: ``0``.
+        coalesce (int | str): ``coalesce`` of ``lance-prefetch``. Default: ``"auto"``.
+        cache (str): ``cache`` of ``lance-prefetch``: ``"none"``, ``"memory"`` or ``"disk"`` (in a
+            folder of the contender's own, removed afterwards). Default: ``"none"``.
+        concurrency (list[int]): thread-pool sizes for ``ceiling``. Default: ``[]``.
+        ceiling_repeats (int): runs of ``ceiling`` per pool size. Default: ``2``.
+        num_workers (int): DataLoader workers for ``map-style``. Default: ``4``.
+        lance_torch_readahead (int): ``batch_readahead`` of ``lance-torch``. Default: ``16``.
+    """
+
+    kind: str
+    uri: str
+    version: int
+    num_rows: int
+    columns: list[str]
+    storage_options: dict[str, str] | None = None
+    batch_size: int
+    batches: int
+    warmup_batches: int = 2
+    seed: int = 0
+    step_ms: float = 50.0
+    id_column: str | None = "id"
+    record_ids: bool = False
+    readahead: int | str = 0
+    max_in_flight: int | str = 0
+    coalesce: int | str = "auto"
+    cache: str = "none"
+    concurrency: list[int] = field(default_factory=list)
+    ceiling_repeats: int = 2
+    num_workers: int = 4
+    lance_torch_readahead: int = 16
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind should be one of {KINDS}, but got kind={self.kind!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as a JSON-able dict."""
+        return asdict(self)
+
+
+def plan_batches(spec: ContenderSpec, epoch: int, count: int) -> list[np.ndarray]:
+    """The row offsets of the first ``count`` batches of ``epoch``'s plan (one rank, full batches)."""
+    plan = EpochPlan(
+        num_rows=spec.num_rows,
+        batch_size=spec.batch_size,
+        seed=spec.seed,
+        epoch=epoch,
+        world_size=1,
+        drop_last=True,
+    )
+    batches = []
+    for batch in plan.rank_batches(0):
+        if len(batches) == count:
+            break
+        batches.append(batch.indices)
+    return batches
+
+
+def open_dataset(spec: ContenderSpec):
+    """The spec's dataset, at its pinned version."""
+    import lance
+
+    return lance.dataset(spec.uri, version=spec.version, storage_options=spec.storage_options)

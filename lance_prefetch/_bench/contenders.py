@@ -1,0 +1,325 @@
+"""The contenders, and how one of them is measured (this runs in the contender's own process).
+
+Every contender reads the same dataset version and columns. All but ``lance-torch`` read the same
+batches: the first ``batches`` batches of :class:`~lance_prefetch.sampling.EpochPlan` for
+``(seed, epoch)`` (one rank, ``drop_last=True``), so each epoch they read the same rows, in the same
+batches, in the same order. Each contender:
+
+1. is built (``setup_s``: opening the dataset; nothing read yet);
+2. warms up: reads ``warmup_batches`` batches of :data:`WARMUP_EPOCH`, untimed and not counted
+   (``warmup_s``; for ``map-style`` this starts its worker processes);
+3. **throughput pass**: reads ``batches`` batches of :data:`THROUGHPUT_EPOCH` as fast as it can;
+4. **step pass**: reads ``batches`` batches of :data:`STEP_EPOCH`, sleeping ``step_ms`` after
+   each one, as a training step would (not for ``ceiling``, which has no training loop).
+
+==================  ===================================================================================
+contender           what it runs
+==================  ===================================================================================
+``sequential``      ``dataset.take(indices, columns)`` then the same Arrow-to-torch conversion as the
+                    loader (:func:`~lance_prefetch.convert.to_tensors`), one batch after the other
+``map-style``       a map-style ``Dataset`` whose ``__getitems__`` calls ``take`` and converts, under
+                    ``DataLoader(batch_size=B, num_workers=4, multiprocessing_context="spawn",
+                    persistent_workers=True)``; instead of ``shuffle=True`` (a ``RandomSampler``) its
+                    sampler yields the plan's permutation, so its batches are the plan's
+``lance-torch``     ``lance.torch.data.LanceDataset`` with ``ShardedBatchSampler(randomize=True)``:
+                    pseudo-random (contiguous ranges of ``B`` rows in shuffled order, the same order
+                    every epoch), so it cannot read the plan's batches
+``ceiling``         the raw ``take`` calls of the plan's batches, all submitted at once to a thread pool
+                    of each of ``concurrency`` sizes (``ceiling_repeats`` times each, the best
+                    run counts); no queue, no conversion, no torch
+``lance-prefetch``  :class:`~lance_prefetch.PrefetchLoader` with ``readahead`` and ``max_in_flight``
+``prefetch-workers`` the same loader inside ``DataLoader(batch_size=None, num_workers=W, spawn,
+                    persistent_workers=True)``: each worker prefetches its share of the batches
+``lance-map``       :class:`~lance_prefetch.LanceMapDataset` (one ``take`` per batch through
+                    ``__getitems__``) with :func:`~lance_prefetch.collate`, under the same DataLoader as
+                    ``map-style`` (plan sampler, ``num_workers``, spawn, persistent)
+``lance-map-rows``  the same dataset read row by row (``__getitem__``: one ``take`` per row) and the
+                    default collate: what a map-style dataset costs without ``__getitems__``
+==================  ===================================================================================
+
+The last three are not run unless asked for (``--contenders``); ``docs/choosing.md`` uses them.
+
+What a pass measures (times from :func:`time.perf_counter`):
+
+- ``rows_per_s``, ``batches_per_s``, ``mib_per_s``: rows, batches and bytes delivered (tensor bytes
+  of numeric columns; Arrow bytes for ``ceiling``) divided by the time from ``iter()`` to the last
+  batch's arrival, so the pipeline's fill is included;
+- ``first_batch_s``: from ``iter()`` to the first batch;
+- ``take_p50_ms``, ``take_p99_ms``, ``take_mean_ms``: duration of each ``take`` call (``None`` for
+  ``lance-torch``, which scans);
+- ``wait_fraction`` (step pass): time spent in ``next()`` waiting for batches 2..n divided by the
+  wall time from the first batch's arrival to the end of the last step (the first batch's wait is
+  ``first_batch_s``, paid once per epoch).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ..convert import to_tensors
+from ._map_contenders import LanceMap, LanceMapRows, MapStyle
+from ._measure import measure_pass, peak_rss_mib, rss_mib
+from ._spec import (
+    STEP_EPOCH,
+    THROUGHPUT_EPOCH,
+    WARMUP_EPOCH,
+    ContenderSpec,
+    open_dataset,
+    plan_batches,
+)
+
+__all__ = ["run_contender"]
+
+# -- the contenders ------------------------------------------------------------------------------
+# Each has setup(), iterate(epoch, count) -> Iterator[(batch dict, offsets or None)], close(),
+# and appends the duration of every take call, in seconds, to self.latencies.
+
+
+class _Sequential:
+    notes: tuple[str, ...] = ("one take per batch in a plain loop, then to_tensors",)
+
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self.latencies: list[float] = []
+
+    def setup(self) -> None:
+        self.dataset = open_dataset(self.spec)
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        for indices in plan_batches(self.spec, epoch, count):
+            started = time.perf_counter()
+            table = self.dataset.take(indices, columns=self.spec.columns)
+            self.latencies.append(time.perf_counter() - started)
+            yield to_tensors(table), indices
+
+    def close(self) -> None:
+        pass
+
+
+class _LanceTorch:
+    notes = (
+        "pseudo-random: ShardedBatchSampler(randomize=True) shuffles contiguous ranges of "
+        "batch_size rows; rows inside a batch stay in disk order; the same order every epoch",
+        "not the plan's batches, so it is left out of the same-ids check",
+    )
+
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self.latencies: list[float] = []  # stays empty: it scans, there is no take to time
+
+    def setup(self) -> None:
+        from lance.sampler import ShardedBatchSampler
+        from lance.torch.data import LanceDataset
+
+        self.sampler = ShardedBatchSampler(0, 1, randomize=True, seed=self.spec.seed)
+        self.dataset = LanceDataset(
+            open_dataset(self.spec),
+            batch_size=self.spec.batch_size,
+            columns=list(self.spec.columns),
+            sampler=self.sampler,
+            batch_readahead=self.spec.lance_torch_readahead,
+        )
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        self.sampler.set_epoch(epoch)
+        iterator = iter(self.dataset)
+        try:
+            for _ in range(count):
+                batch = next(iterator)
+                if not isinstance(batch, dict):  # one column comes back as a bare tensor
+                    batch = {self.spec.columns[0]: batch}
+                yield batch, None
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+    def close(self) -> None:
+        pass
+
+
+class _TimedSource:
+    """Wraps the loader's ``LanceSource`` to time each ``take`` (thread-safe appends)."""
+
+    def __init__(self, source: Any, latencies: list[float]) -> None:
+        self._wrapped = source
+        self._latencies = latencies
+
+    def take(self, indices: np.ndarray) -> Any:
+        started = time.perf_counter()
+        try:
+            return self._wrapped.take(indices)
+        finally:
+            self._latencies.append(time.perf_counter() - started)  # list.append is atomic
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
+class _LancePrefetch:
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self.latencies: list[float] = []
+        self.notes: tuple[str, ...] = ()
+        self.pass_stats: dict[int, Any] = {}  # epoch -> loader.stats() at the pass's end
+
+    def setup(self) -> None:
+        from .. import PrefetchLoader
+
+        spec = self.spec
+        cache: dict[str, Any] = {}
+        if spec.cache == "memory":
+            cache = {"cache": "memory"}
+        elif spec.cache == "disk":
+            self._cache_dir = tempfile.TemporaryDirectory(prefix="lance-bench-cache-")
+            cache = {"cache": "disk", "cache_dir": self._cache_dir.name}
+        self.loader = PrefetchLoader(
+            spec.uri,
+            spec.batch_size,
+            columns=spec.columns,
+            seed=spec.seed,
+            readahead=spec.readahead,
+            max_in_flight=spec.max_in_flight,
+            coalesce=spec.coalesce,
+            rank=0,
+            world_size=1,
+            storage_options=spec.storage_options,
+            version=spec.version,
+            **cache,
+        )
+        if hasattr(self.loader, "_source"):  # the loader's own take calls, timed
+            self.loader._source = _TimedSource(self.loader._source, self.latencies)
+        else:  # pragma: no cover - the loader's internals moved
+            self.notes = ("take latency not measured: PrefetchLoader has no _source",)
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        self.loader.set_epoch(epoch)
+        iterator = iter(self.loader)
+        try:
+            for indices in plan_batches(self.spec, epoch, count):
+                yield next(iterator), indices
+        finally:
+            self.pass_stats[epoch] = self.loader.stats()
+            iterator.close()
+
+    def close(self) -> None:
+        self.loader.close()
+        cache_dir = getattr(self, "_cache_dir", None)
+        if cache_dir is not None:
+            cache_dir.cleanup()
+
+
+class _PrefetchWorkers(_LancePrefetch):
+    def setup(self) -> None:
+        from torch.utils.data import DataLoader
+
+        super().setup()
+        self.notes = (
+            f"{self.spec.num_workers} spawn workers, each prefetching its share; take latency "
+            "not measured (the takes run in the workers)",
+        )
+        self.loader._source = self.loader._source._wrapped  # workers can't report timings back
+        self.dataloader = DataLoader(
+            self.loader,
+            batch_size=None,
+            num_workers=self.spec.num_workers,
+            multiprocessing_context="spawn",
+            persistent_workers=True,
+        )
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        self.loader.set_epoch(epoch)
+        planned = plan_batches(self.spec, epoch, count)
+        yield from zip(self.dataloader, planned, strict=False)
+
+    def close(self) -> None:
+        iterator = getattr(self.dataloader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
+
+
+_CONTENDERS: dict[str, Callable[[ContenderSpec], Any]] = {
+    "sequential": _Sequential,
+    "map-style": MapStyle,
+    "lance-torch": _LanceTorch,
+    "lance-prefetch": _LancePrefetch,
+    "prefetch-workers": _PrefetchWorkers,
+    "lance-map": LanceMap,
+    "lance-map-rows": LanceMapRows,
+}
+
+
+_WORKER_KINDS = ("map-style", "prefetch-workers", "lance-map", "lance-map-rows")
+
+
+def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, Any]:
+    contender = _CONTENDERS[spec.kind](spec)
+    started = time.perf_counter()
+    contender.setup()
+    setup_s = time.perf_counter() - started
+    try:
+        started = time.perf_counter()
+        if spec.warmup_batches:
+            count = spec.warmup_batches
+            if spec.kind in _WORKER_KINDS:  # one batch per worker, so every worker has started
+                count = max(count, spec.num_workers)
+            for _ in contender.iterate(WARMUP_EPOCH, count):
+                pass
+        warmup_s = time.perf_counter() - started
+        common = {
+            "kind": spec.kind,
+            "batches": spec.batches,
+            "id_column": spec.id_column,
+            "record_ids": spec.record_ids,
+            "tick": tick,
+        }
+        throughput, ids_0 = measure_pass(contender, epoch=THROUGHPUT_EPOCH, step_s=0.0, **common)
+        step, ids_1 = measure_pass(
+            contender, epoch=STEP_EPOCH, step_s=spec.step_ms / 1000, **common
+        )
+    finally:
+        contender.close()
+    notes = list(contender.notes)
+    # lance-prefetch's own telemetry (in this process; DataLoader workers keep theirs)
+    stats = getattr(contender, "pass_stats", {}).get(STEP_EPOCH)
+    if stats is not None and stats.epoch is not None:
+        notes.append(f"loader.stats() at the end of the step pass: {stats}")
+    return {
+        "setup_s": setup_s,
+        "warmup_s": warmup_s,
+        "passes": {"throughput": throughput, "step": step},
+        "ids": {str(THROUGHPUT_EPOCH): ids_0, str(STEP_EPOCH): ids_1},
+        "notes": notes,
+    }
+
+
+def run_contender(spec: ContenderSpec, tick: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run one contender in this process and return its measurements (a JSON-able dict).
+
+    Args:
+        spec (ContenderSpec): what to run.
+        tick (Callable[[], None], optional): called after each timed batch. Default: ``None``.
+
+    Returns:
+        dict: ``setup_s``, ``warmup_s``, ``passes`` (``throughput`` and, except for
+        ``ceiling``, ``step``: the metrics listed in this module's docstring), ``ids`` (per
+        epoch, see :func:`~lance_prefetch._bench._measure.ids_record`), ``notes``, ``peak_rss_self_mib`` (this process's peak
+        resident memory) and ``rss_before_mib`` (its resident memory before the contender was
+        built); ``ceiling`` adds ``sweep`` and ``best_concurrency``.
+    """
+    tick = tick or (lambda: None)
+    rss_before = rss_mib()
+    if spec.kind == "ceiling":
+        from ._ceiling import run_ceiling
+
+        result = run_ceiling(spec, tick)
+    else:
+        result = _run_iterating(spec, tick)
+    result["rss_before_mib"] = rss_before
+    result["peak_rss_self_mib"] = peak_rss_mib()
+    return result

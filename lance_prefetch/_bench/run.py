@@ -1,0 +1,337 @@
+"""The benchmark run: set up the data (and the emulated S3), run each contender, write the report.
+
+Entry points: :func:`run_bench` (a :class:`~lance_prefetch._bench.config.BenchConfig` in, a
+report dict out) and the ``lance-prefetch bench`` command (its arguments are in
+:mod:`~lance_prefetch._bench._arguments`; ``python benchmarks/bench.py`` runs the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .._storage import redact
+from . import _environment as environment
+from ._process import sigint_ignored
+from ._spec import KINDS, ContenderSpec
+from .config import _LOCAL_SCHEMES, BenchConfig, _scheme
+
+__all__ = ["BenchConfig", "run_bench"]
+
+logger = logging.getLogger(__name__)
+
+_MIB = 2**20
+
+
+def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Run the benchmark that ``config`` describes; stop everything it started, whatever happens.
+
+    Returns:
+        tuple[dict, dict[str, Path]]: the report (see :mod:`~lance_prefetch._bench.report`) and
+        the paths of the JSON, Markdown and PNG files written.
+
+    Raises:
+        FileNotFoundError: no dataset at ``uri``, or nginx/rclone missing for ``local_s3``.
+        ValueError: a column is not in the dataset, or it has fewer rows than one batch.
+        KeyboardInterrupt: Ctrl-C; the servers, contender processes and temporary files are
+            gone when it propagates.
+    """
+    started = time.perf_counter()
+    load_start = environment.load_average()
+    stack = contextlib.ExitStack()
+    try:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lance-bench-")))
+        uri, options, storage = _prepare_storage(config, stack, workdir)
+        dataset = _describe_dataset(uri, options, config)
+        report = {
+            "meta": {
+                "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                "machine": environment.machine(),
+                "versions": environment.versions(config.local_s3),
+                "dataset": dataset,
+                "storage": storage,
+                "settings": _settings(config, dataset),
+                "load_average_start": load_start,
+            },
+            "contenders": _run_contenders(config, uri, options, dataset, workdir, storage),
+        }
+    finally:
+        with sigint_ignored():
+            stack.close()
+    from . import report as reporting
+    from . import verdicts
+
+    report["meta"]["load_average_end"] = environment.load_average()
+    report["ids_check"] = verdicts.check_ids(report["contenders"])  # every run, every round
+    report["contenders"] = verdicts.merge_rounds(report["contenders"])
+    report["targets"] = verdicts.evaluate_targets(report)
+    report["comparisons"] = verdicts.comparisons(report["contenders"])
+    report["meta"]["total_s"] = time.perf_counter() - started
+    paths = reporting.write_outputs(report, Path(config.out_dir), config.name)
+    return report, paths
+
+
+# -- storage and data ------------------------------------------------------------------------------
+def _prepare_storage(
+    config: BenchConfig, stack: contextlib.ExitStack, workdir: Path
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """(uri, storage options for the contenders, storage description)."""
+    from .data import write_synthetic
+
+    options = dict(config.storage_options)
+    servers = None
+    if config.local_s3:
+        from .local_s3 import LocalS3
+
+        s3 = stack.enter_context(LocalS3(latency=config.latency))
+        uri = s3.uri("bench.lance")
+        logger.info("writing %d rows to %s", config.rows, uri)
+        # Written without the added latency (faster); read through it.
+        write_synthetic(
+            uri, config.rows, rows_per_file=config.rows_per_file,
+            storage_options=s3.storage_options(with_latency=False), seed=config.seed,
+        )  # fmt: skip
+        options = {**s3.storage_options(), **options}
+        servers = {"pids": list(s3.pids), "ports": list(s3.ports)}
+        kind = "emulated S3"
+        description = (
+            f"emulated S3 on 127.0.0.1 (nginx {environment.nginx_version()} for object GET/HEAD, rclone serve "
+            f"s3 for the rest), latency proxy adding {config.latency.describe()} per request "
+            f"(seed {config.latency.seed})"
+        )
+    elif config.uri is None:
+        uri = str(workdir / "bench.lance")
+        logger.info("writing %d rows to %s", config.rows, uri)
+        write_synthetic(uri, config.rows, rows_per_file=config.rows_per_file, seed=config.seed)
+        kind, description = "local disk", f"synthetic dataset in a temporary folder ({workdir})"
+    else:
+        uri = config.uri
+        remote = _scheme(uri) not in _LOCAL_SCHEMES
+        kind = "object store" if remote else "local disk"
+        description = uri if not remote else f"{uri} ({_endpoint(options)})"
+    remote = kind != "local disk"
+    if config.io == "uring":
+        from .._uris import uring_uri
+
+        uri = uring_uri(uri)
+        description += f", read through Lance's io_uring reader ({uri})"
+    limiter = "not used (local files)"
+    if remote:
+        given = {"lance_aimd_initial_rate", "lance_aimd_max_rate"} & set(options)
+        if given:
+            limiter = ", ".join(f"{key}={options[key]}" for key in sorted(given)) + " (given)"
+        elif config.aimd_rate:
+            rate = str(config.aimd_rate)
+            options.update(lance_aimd_initial_rate=rate, lance_aimd_max_rate=rate)
+            limiter = f"pinned at {rate} requests/s (lance_aimd_initial_rate = lance_aimd_max_rate)"
+        else:
+            limiter = "Lance's default (starts near 2,000 requests/s and ramps up)"
+    io_threads = config.io_threads or os.environ.get("LANCE_IO_THREADS")
+    storage = {
+        "kind": kind,
+        "description": description,
+        "latency": asdict(config.latency) if config.local_s3 else None,
+        "limiter": limiter,
+        "lance_io_threads": str(io_threads)
+        if io_threads
+        else "unset (Lance's default: 64 for object stores, 8 for local files)",
+        "storage_options": redact(options),
+        "servers": servers,
+    }
+    return uri, options, storage
+
+
+def _endpoint(options: Mapping[str, str]) -> str:
+    for key in ("aws_endpoint", "endpoint", "aws_endpoint_url"):
+        if key in options:
+            return f"endpoint {options[key]}"
+    return "default endpoint"
+
+
+def _describe_dataset(uri: str, options: dict[str, str], config: BenchConfig) -> dict[str, Any]:
+    import lance
+
+    try:
+        dataset = lance.dataset(uri, storage_options=options or None)
+    except ValueError as exc:
+        if "not found" in str(exc).lower():
+            raise FileNotFoundError(f"no Lance dataset at {uri!r}: {exc}") from exc
+        raise
+    names = dataset.schema.names
+    columns = list(config.columns) if config.columns else names
+    unknown = [name for name in columns if name not in names]
+    if unknown:
+        raise ValueError(
+            f"columns {unknown} are not in the dataset {uri!r}; its columns are {names}"
+        )
+    rows = dataset.count_rows()
+    if rows < config.batch_size:
+        raise ValueError(
+            f"the dataset {uri!r} has {rows} rows, fewer than one batch of {config.batch_size}"
+        )
+    sample = dataset.take(list(range(min(rows, 256))), columns=columns)
+    return {
+        "uri": uri,
+        "version": dataset.version,
+        "rows": rows,
+        "fragments": len(dataset.get_fragments()),
+        "columns": columns,
+        "bytes_per_row": sample.nbytes / sample.num_rows,
+        "synthetic": config.uri is None,
+    }
+
+
+# -- contenders ------------------------------------------------------------------------------------
+def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]:
+    per_epoch = dataset["rows"] // config.batch_size
+    batches = min(config.batches, per_epoch)
+    if batches < config.batches:
+        logger.warning(
+            "an epoch has only %d batches of %d rows; reading %d per pass, not %d",
+            per_epoch, config.batch_size, batches, config.batches,
+        )  # fmt: skip
+    return {
+        "batch_size": config.batch_size,
+        "batches": batches,
+        "batches_asked": config.batches,
+        "warmup_batches": config.warmup_batches,
+        "seed": config.seed,
+        "step_ms": config.step_ms,
+        "grid": config.grid(),
+        "coalesce": list(config.coalesce),
+        "cache": list(config.cache),
+        "repeats": config.repeats,
+        "ceiling_concurrency": list(config.ceiling_concurrency),
+        "ceiling_repeats": config.ceiling_repeats,
+        "map_workers": config.map_workers,
+        "contenders": list(config.contenders),
+    }
+
+
+def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[int, str, dict, ContenderSpec]]:
+    """(round, label, settings, spec) of each contender process, in the order they run: every
+    contender in round 0, then ``repeats - 1`` rounds of the ``lance-prefetch`` settings, each
+    round's order rotated by one more."""
+    runs = _round_zero(config, base)
+    repeated = [run for run in runs if run[2].kind == "lance-prefetch"]
+    for index in range(1, config.repeats if repeated else 1):
+        shift = index % len(repeated)
+        runs.extend(repeated[shift:] + repeated[:shift])
+    planned, count = [], dict.fromkeys((label for label, _, _ in runs), 0)
+    for label, settings, spec in runs:
+        planned.append((count[label], label, settings, spec))
+        count[label] += 1
+    return planned
+
+
+def _round_zero(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, dict, ContenderSpec]]:
+    runs = []
+    for kind in KINDS:
+        if kind not in config.contenders:
+            continue
+        if kind == "lance-prefetch":
+            for settings in config.prefetch_settings():
+                spec = ContenderSpec(kind=kind, **settings, **base)
+                runs.append((_prefetch_label(config, settings), settings, spec))
+            continue
+        settings: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        if kind == "ceiling":
+            extra["concurrency"] = settings["concurrency"] = list(config.ceiling_concurrency)
+            extra["ceiling_repeats"] = settings["repeats"] = config.ceiling_repeats
+        elif kind in ("map-style", "lance-map", "lance-map-rows"):
+            extra["num_workers"] = settings["num_workers"] = config.map_workers
+        elif kind == "prefetch-workers":
+            extra["num_workers"] = settings["num_workers"] = 2
+            extra["readahead"] = settings["readahead"] = 8
+            extra["max_in_flight"] = settings["max_in_flight"] = 4
+        elif kind == "lance-torch":
+            settings["batch_readahead"] = 16
+        runs.append((kind, settings, ContenderSpec(kind=kind, **extra, **base)))
+    return runs
+
+
+def _prefetch_label(config: BenchConfig, settings: Mapping[str, Any]) -> str:
+    """``lance-prefetch r16/m4``, with ``c<coalesce>`` when the run compares or sets coalescing
+    and the cache when there is one."""
+    r, m = settings["readahead"], settings["max_in_flight"]
+    label = "lance-prefetch auto" if r == "auto" else f"lance-prefetch r{r}/m{m}"
+    if len(set(config.coalesce)) > 1 or settings["coalesce"] != "auto":
+        label += f" c{settings['coalesce']}"
+    if settings["cache"] != "none":
+        label += f" {settings['cache']}"
+    return label
+
+
+def _ticks(spec: ContenderSpec) -> int:
+    if spec.kind == "ceiling":
+        return spec.batches * len(spec.concurrency) * spec.ceiling_repeats
+    return 2 * spec.batches
+
+
+def _run_contenders(
+    config: BenchConfig,
+    uri: str,
+    options: dict[str, str],
+    dataset: Mapping[str, Any],
+    workdir: Path,
+    storage: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    from tqdm import tqdm
+
+    from ._launch import run_isolated
+
+    settings = _settings(config, dataset)
+    base = {
+        "uri": uri,
+        "version": dataset["version"],
+        "num_rows": dataset["rows"],
+        "columns": dataset["columns"],
+        "storage_options": options or None,
+        "batch_size": config.batch_size,
+        "batches": settings["batches"],
+        "warmup_batches": config.warmup_batches,
+        "seed": config.seed,
+        "step_ms": config.step_ms,
+        "id_column": config.id_column,
+        "record_ids": config.record_ids,
+    }
+    env = dict(os.environ)
+    if config.io_threads:
+        env["LANCE_IO_THREADS"] = str(config.io_threads)
+    runs = _plan(config, base)
+    results = []
+    with tqdm(
+        total=sum(_ticks(spec) for *_, spec in runs),
+        unit="batch",
+        disable=None if config.progress else True,  # None: only on a terminal
+        file=sys.stderr,
+        dynamic_ncols=True,
+    ) as bar:
+        for index, (round_, label, run_settings, spec) in enumerate(runs):
+            bar.set_description(f"{label} ({index + 1}/{len(runs)})")
+            result = run_isolated(
+                spec,
+                workdir=workdir,
+                tag=f"{index:02d}-{spec.kind}",
+                env=env,
+                progress=bar.update,
+                timeout_s=config.contender_timeout_s,
+            )
+            if "error" in result:
+                bar.write(f"{label} failed: {result['error']}", file=sys.stderr)
+                logger.warning("%s failed: %s\n%s", label, result["error"], result.get("log", ""))
+            results.append(
+                {"name": spec.kind, "label": label, "settings": run_settings, "round": round_,
+                 **result}
+            )  # fmt: skip
+    return results

@@ -1,0 +1,315 @@
+"""The cache tier: serve every epoch's uniform random batches from a copy of the projected columns
+that a sequential scan filled once.
+
+Random ``take`` is slow where it reads one row at a time (about one HTTP GET a row on an object
+store, a read a row on local disk); a sequential scan of the same columns is one to two orders of
+magnitude faster. Both caches below are filled by one scan of the pinned version
+(:meth:`~lance_prefetch._source.LanceSource.scan`, rows in offset order) and then answer
+``take(indices)`` with the same rows in the same order as the dataset would, so sampling,
+exactness and resuming do not change.
+
+- :class:`MemoryCache` (``cache="memory"``) keeps the rows as Arrow buffers in this process
+  and takes with ``pyarrow.Table.take``. Each process holds its own copy (with DataLoader workers,
+  ``num_workers`` copies): the size is checked against ``cache_bytes`` before the scan when the
+  columns are fixed-width, and as the scan goes otherwise.
+- :class:`DiskCache` (``cache="disk"``) copies the rows once to a local Lance dataset under
+  ``cache_dir``, named by the URI, version, commit time and columns, and takes from it. It is
+  reused across runs and shared by processes (the page cache holds it once for every worker);
+  concurrent fills are serialised by a file lock and published by an atomic rename, so a reader
+  never sees a partial copy.
+
+Both are filled by ``prepare()``, which ``iter(loader)`` calls in each process before the first
+read (so the fill is not a timed, retried ``take``); a ``take`` before it fills too. Every batch,
+from epoch 0 on, is then served from the cache. A new dataset version has
+another key, so a cache never serves rows of another version.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ._config import SourceOptions
+from ._source import LanceSource
+from .convert import fixed_row_bytes
+
+__all__ = ["DiskCache", "MemoryCache", "default_cache_bytes", "default_cache_dir", "with_cache"]
+
+
+def default_cache_bytes() -> int:
+    """Half of this machine's physical memory, in bytes (the default ``cache_bytes``)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):  # not POSIX: a conservative 4 GiB
+        return 4 << 30
+
+
+def default_cache_dir() -> Path:
+    """``$LANCE_PREFETCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/lance-prefetch``, else
+    ``~/.cache/lance-prefetch`` (the default ``cache_dir``)."""
+    explicit = os.environ.get("LANCE_PREFETCH_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lance-prefetch"
+
+
+class _Cache:
+    """What both caches share: the wrapped source's identity, and its process and offset
+    checks (the :class:`~lance_prefetch._source.RowSource` members that do not read)."""
+
+    source: LanceSource
+
+    @property
+    def uri(self) -> str:
+        """The dataset's URI."""
+        return self.source.uri
+
+    @property
+    def version(self) -> int:
+        """The pinned version."""
+        return self.source.version
+
+    @property
+    def num_rows(self) -> int:
+        """Live rows of the pinned version."""
+        return self.source.num_rows
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The projection."""
+        return self.source.columns
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The projected schema."""
+        return self.source.schema
+
+    @property
+    def io(self) -> str:
+        """The wrapped source's reader."""
+        return self.source.io
+
+    def check_offsets(self, indices: np.ndarray) -> None:
+        """As :meth:`LanceSource.check_offsets`."""
+        self.source.check_offsets(indices)
+
+    def check_process(self) -> None:
+        """As :meth:`LanceSource.check_process`."""
+        self.source.check_process()
+
+    def options_repr(self) -> dict[str, str] | None:
+        """As :meth:`LanceSource.options_repr`."""
+        return self.source.options_repr()
+
+    def prepare(self) -> None:
+        """Fill the cache in this process (:meth:`fill`), if it is not filled yet."""
+        self.fill()
+
+    def fill(self) -> Any:
+        raise NotImplementedError
+
+
+class MemoryCache(_Cache):
+    """A :class:`~lance_prefetch._source.LanceSource`'s rows held in memory; the same ``take``.
+
+    Args:
+        source (LanceSource): the pinned, projected dataset.
+        cache_bytes (int): the most bytes the rows may take in memory.
+
+    Raises:
+        ValueError: the columns are fixed-width and ``num_rows`` rows need more than
+            ``cache_bytes`` (checked here, before any I/O); the message gives the size.
+
+    Pickles as ``source`` and ``cache_bytes``: another process fills its own copy.
+    """
+
+    def __init__(self, source: LanceSource, cache_bytes: int) -> None:
+        self.source = source
+        self.cache_bytes = cache_bytes
+        row_bytes = fixed_row_bytes(source.schema)
+        if row_bytes is not None and row_bytes * source.num_rows > self.cache_bytes:
+            raise ValueError(_too_big(source, row_bytes * source.num_rows, self.cache_bytes))
+        self._lock = threading.Lock()
+        self._table: pa.Table | None = None
+
+    def fill(self) -> pa.Table:
+        """The cached rows, scanned on the first call in this process (thread-safe; other callers
+        wait for that scan).
+
+        Raises:
+            MemoryError: the rows need more than ``cache_bytes`` (found during the scan for
+                variable-width columns); nothing is kept.
+            Exception: the scan's errors (:meth:`~lance_prefetch._source.LanceSource.scan`).
+        """
+        table = self._table
+        if table is not None:
+            return table
+        with self._lock:
+            if self._table is None:
+                batches, size = [], 0
+                for batch in self.source.scan():
+                    size += batch.nbytes
+                    if size > self.cache_bytes:
+                        raise MemoryError(_too_big(self.source, None, self.cache_bytes))
+                    batches.append(batch)
+                table = pa.Table.from_batches(batches, schema=self.source.schema)
+                self._table = table.combine_chunks()  # one chunk a column: takes index directly
+            return self._table
+
+    @property
+    def cached(self) -> bool:
+        """Whether this process holds the rows already."""
+        return self._table is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now (0 before the fill)."""
+        return 0 if self._table is None else self._table.nbytes
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them (same
+        checks and errors), from memory."""
+        self.source.check_offsets(indices)
+        return self.fill().take(pa.array(indices))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "cache_bytes": self.cache_bytes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.source, self.cache_bytes = state["source"], state["cache_bytes"]
+        self._lock = threading.Lock()
+        self._table = None
+
+
+class DiskCache(_Cache):
+    """A :class:`~lance_prefetch._source.LanceSource`'s rows copied to a local Lance dataset.
+
+    Args:
+        source (LanceSource): the pinned, projected dataset.
+        cache_dir (str | os.PathLike): where copies live; created if missing.
+
+    The copy is ``cache_dir / <name>-v<version>-<key>.lance``, ``key`` a hash of the URI, version,
+    commit time and columns: another version or projection gets another copy; an existing one is
+    reused (across runs and processes). Copies are never deleted by the loader; remove the
+    directory to reclaim the space.
+
+    Pickles as ``source`` and ``cache_dir``.
+    """
+
+    def __init__(self, source: LanceSource, cache_dir: str | os.PathLike[str]) -> None:
+        self.source = source
+        self.cache_dir = Path(cache_dir)
+        key = json.dumps([source.uri, source.version, source.committed, list(source.columns)])
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in _stem(source.uri))
+        self.path = self.cache_dir / f"{name[:48]}-v{source.version}-{digest}.lance"
+        self._lock = threading.Lock()
+        self._local: LanceSource | None = None
+
+    def fill(self) -> LanceSource:
+        """The local copy, made on the first call if no process made it yet (thread- and
+        process-safe: one process copies, the others wait for it and reuse it).
+
+        Raises:
+            OSError: ``cache_dir`` cannot be written, or the disk is full (the partial copy is
+                removed).
+            ValueError: an existing copy does not hold ``num_rows`` rows (it was damaged;
+                delete it).
+            Exception: the scan's errors.
+        """
+        local = self._local
+        if local is not None:
+            return local
+        with self._lock:
+            if self._local is None:
+                if not self.path.exists():
+                    self._copy()
+                local = LanceSource(os.fspath(self.path), SourceOptions(io=_local_io(self.source)))
+                if local.num_rows != self.source.num_rows:
+                    raise ValueError(
+                        f"the disk cache {str(self.path)!r} holds {local.num_rows} rows, but "
+                        f"{self.source.uri!r} version {self.source.version} has "
+                        f"{self.source.num_rows}; delete the copy to rebuild it"
+                    )
+                self._local = local
+            return self._local
+
+    def _copy(self) -> None:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)  # another process may be copying: wait
+            try:
+                if self.path.exists():  # it did
+                    return
+                partial = tempfile.mkdtemp(prefix=".partial-", dir=self.cache_dir)
+                try:
+                    target = os.path.join(partial, "copy.lance")
+                    self.source.copy_to(target)
+                    os.rename(target, self.path)  # atomic: readers see all of it or nothing
+                finally:
+                    shutil.rmtree(partial, ignore_errors=True)
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+    @property
+    def cached(self) -> bool:
+        """Whether this process has opened the local copy already."""
+        return self._local is not None
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them, from the
+        local copy."""
+        self.source.check_offsets(indices)
+        return self.fill().take(indices)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "cache_dir": self.cache_dir, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._local = None
+
+
+def with_cache(
+    source: LanceSource,
+    cache: str | None,
+    *,
+    cache_bytes: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> LanceSource | MemoryCache | DiskCache:
+    """``source`` itself (``cache=None``) or the cache of the kind asked for over it."""
+    if cache == "memory":
+        return MemoryCache(source, default_cache_bytes() if cache_bytes is None else cache_bytes)
+    if cache == "disk":
+        return DiskCache(source, default_cache_dir() if cache_dir is None else cache_dir)
+    return source
+
+
+def _too_big(source: LanceSource, size: int | None, budget: int) -> str:
+    need = "more than that" if size is None else f"{size:,} bytes ({size / 2**20:,.1f} MiB)"
+    return (
+        f"cache='memory': the columns {list(source.columns)} of {source.uri!r} version "
+        f"{source.version} ({source.num_rows} rows) need {need}, above "
+        f"cache_bytes={budget} ({budget / 2**20:,.1f} MiB); raise cache_bytes, read fewer "
+        f"columns, or use cache='disk'"
+    )
+
+
+def _stem(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1].removesuffix(".lance") or "dataset"
+
+
+def _local_io(source: LanceSource) -> str | None:
+    return "uring" if source.io == "uring" else None

@@ -1,0 +1,126 @@
+"""Coalescing: read several consecutive batches of the plan with one ``take``, then split them.
+
+A ``take`` has a fixed cost on top of its cost per row (measured by ``benchmarks/coalesce.py``;
+figures in ``docs/benchmarks.md``), so a small batch's take spends most of its time on the fixed
+part. The readahead window already knows the next batches of the plan, so a :class:`Group` of
+``k`` of them (this worker's next ``k``, in plan order) is read with one ``take`` of their offsets
+laid end to end, and the table is cut back into the ``k`` batches, each with exactly its own rows
+in its own order (zero-copy slices).
+
+The rule (``coalesce="auto"``): ``k = ceil(TARGET_ROWS / batch_size)``, at most ``readahead // 2``
+(so that one group can be read while the previous one is consumed) and at least 1. An integer
+``coalesce`` sets ``k`` itself (``1``: one take per batch). Pure code: no Lance, no torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._validate import check_int
+from .sampling import PlannedBatch
+
+__all__ = [
+    "Group",
+    "TARGET_ROWS",
+    "check_coalesce",
+    "coalesce_size",
+    "groups",
+    "split",
+]
+
+#: Rows per ``take`` that ``coalesce="auto"`` aims for.
+TARGET_ROWS = 1024
+
+
+def check_coalesce(coalesce: object) -> int | str:
+    """Validate ``coalesce``: ``"auto"`` or an int ``>= 1``.
+
+    Raises:
+        TypeError: neither ``"auto"`` nor an int. ValueError: an int below 1.
+    """
+    if isinstance(coalesce, str):
+        if coalesce != "auto":
+            raise TypeError(
+                f"coalesce should be 'auto' or a number of batches per take >= 1, but got "
+                f"coalesce={coalesce!r}"
+            )
+        return coalesce
+    try:
+        return check_int("coalesce", coalesce, minimum=1)
+    except TypeError:
+        raise TypeError(
+            f"coalesce should be 'auto' or a number of batches per take >= 1, but got "
+            f"coalesce={coalesce!r}"
+        ) from None
+
+
+def coalesce_size(coalesce: int | str, batch_size: int, readahead: int) -> int:
+    """Batches per ``take``: the rule above for ``"auto"``, else ``coalesce`` itself.
+
+    Raises:
+        ValueError: an int ``coalesce`` above ``readahead`` (a take's batches all count against
+            the readahead bound, so it could never start).
+    """
+    if coalesce == "auto":
+        return max(1, min(math.ceil(TARGET_ROWS / batch_size), readahead // 2))
+    if coalesce > readahead:  # type: ignore[operator]
+        raise ValueError(
+            f"coalesce should be <= readahead, but got coalesce={coalesce} > "
+            f"readahead={readahead}; a take of {coalesce} batches holds {coalesce} readahead "
+            f"slots. Raise readahead or lower coalesce"
+        )
+    return coalesce  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Group:
+    """Consecutive batches of one worker's plan, read with one ``take``.
+
+    Attributes:
+        batches (tuple[PlannedBatch, ...]): in plan order, at least one.
+        indices (numpy.ndarray): shape ``(rows,)``: the batches' offsets laid end to end.
+    """
+
+    batches: tuple[PlannedBatch, ...]
+    indices: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @property
+    def position(self) -> int:
+        """The first batch's position in the epoch."""
+        return self.batches[0].position
+
+    def __repr__(self) -> str:
+        positions = [batch.position for batch in self.batches]
+        return f"Group(positions={positions}, rows={len(self.indices)})"
+
+
+def groups(batches: Iterable[PlannedBatch], size: int) -> Iterator[Group]:
+    """``batches`` in groups of ``size`` (the last may be smaller), lazily, in order."""
+    batches = iter(batches)
+    while chunk := tuple(itertools.islice(batches, size)):
+        indices = (
+            chunk[0].indices
+            if len(chunk) == 1
+            else np.concatenate([batch.indices for batch in chunk])
+        )
+        yield Group(chunk, indices)
+
+
+def split(table: Any, group: Group) -> list[Any]:
+    """Cut ``table`` (a ``pyarrow.Table`` read for ``group.indices``) into one table per batch of
+    the group, zero-copy slices in order."""
+    pieces = []
+    offset = 0
+    for batch in group.batches:
+        pieces.append(table.slice(offset, len(batch.indices)))
+        offset += len(batch.indices)
+    return pieces

@@ -1,0 +1,266 @@
+"""The readers' options, checked once: :class:`SourceOptions`, :class:`LoaderConfig` and
+:class:`MapDatasetConfig`, and what a loader's options resolve to once the dataset is known.
+
+Each config is a frozen, keyword-only dataclass whose ``__post_init__`` runs every check that
+needs no I/O, cross-field rules included, through :mod:`lance_prefetch._validate`, and stores
+the normalised values (a tuple of columns, a plain dict of storage options). The public readers
+build one from their keyword arguments; inner code trusts it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._coalesce import TARGET_ROWS, coalesce_size
+from ._tuning import START_LEVEL, START_LEVEL_MEMORY, DepthTuner
+from ._validate import (
+    check_bool,
+    check_callable,
+    check_choice,
+    check_depths,
+    check_folder,
+    check_int,
+    check_int_or_auto,
+    check_names,
+    check_rank,
+    check_seconds,
+    check_str_mapping,
+    check_version,
+)
+from .permutation import KINDS, resolve_kind
+from .retry import RetryPolicy
+
+__all__ = [
+    "DEFAULT_MAX_BUFFER_BYTES",
+    "DEFAULT_RETRY",
+    "LoaderConfig",
+    "MapDatasetConfig",
+    "Resolved",
+    "SourceOptions",
+]
+
+#: Default ``max_buffer_bytes``: 256 MiB.
+DEFAULT_MAX_BUFFER_BYTES = 256 << 20
+#: Default ``retry``: 3 attempts, waits of at most 0.1 s then 0.2 s, no timeout.
+DEFAULT_RETRY = RetryPolicy()
+
+_CACHES = ("memory", "disk")
+_CACHE_WORDS = {
+    "memory": "rows held in this process",
+    "disk": "a local copy under cache_dir",
+    None: "no cache",
+}
+_IO_WORDS = {"default": "Lance's reader", "uring": "its io_uring reader, local files only"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """Which version and columns of a dataset to read, and how.
+
+    Args:
+        columns (Sequence[str], optional): top-level columns, in order. Default: ``None``, all.
+        version (int | str, optional): version number (``>= 1``) or tag. Default: ``None``, the
+            latest at construction.
+        storage_options (Mapping[str, str], optional): passed to Lance as they are. Default:
+            ``None``.
+        io (str, optional): ``"default"`` or ``"uring"``. Default: ``None``, by the URI.
+
+    Raises:
+        TypeError, ValueError: a field has the wrong type or value (the message names it).
+    """
+
+    columns: Sequence[str] | None = None
+    version: int | str | None = None
+    storage_options: Mapping[str, str] | None = None
+    io: str | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "storage_options", check_str_mapping("storage_options", self.storage_options))
+        _set(self, "columns", check_names("columns", self.columns))
+        _set(self, "version", check_version("version", self.version))
+        _set(self, "io", check_choice("io", self.io, ("default", "uring"), none=True,
+                                      explain=_IO_WORDS))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A loader's options resolved against its dataset.
+
+    Attributes:
+        coalesce (int): batches read by one ``take``.
+        permutation (str): ``"array"`` or ``"lazy"``.
+        tuner (DepthTuner | None): the self-tuner with ``readahead``/``max_in_flight="auto"``
+            (it learns while reading: one per loader copy), else ``None``.
+    """
+
+    coalesce: int
+    permutation: str
+    tuner: DepthTuner | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """Every option of a :class:`~lance_prefetch.PrefetchLoader` but its ``source``, checked.
+
+    The fields are the loader's keyword arguments (see its docstring for each contract), with
+    the units in two names: ``log_every_s`` is the loader's ``log_every``. :attr:`source_options`
+    is ``columns``, ``version``, ``storage_options`` and ``io`` as a :class:`SourceOptions`.
+
+    Raises:
+        TypeError, ValueError: a field has the wrong type or value, or two fields contradict
+            each other (``max_in_flight > readahead``, ``coalesce > readahead``, ``cache_bytes``
+            or ``cache_dir`` without their cache, ``rank`` without ``world_size``).
+    """
+
+    batch_size: int
+    columns: Sequence[str] | None = None
+    seed: int = 0
+    readahead: int | str = 8
+    max_in_flight: int | str = 4
+    drop_last: bool = True
+    rank: int | None = None
+    world_size: int | None = None
+    storage_options: Mapping[str, str] | None = None
+    version: int | str | None = None
+    transform: Callable[[dict[str, Any]], Any] | None = None
+    retry: RetryPolicy | None = DEFAULT_RETRY
+    permutation: str = "auto"
+    io: str | None = None
+    log_every_s: float | None = None
+    coalesce: int | str = "auto"
+    cache: str | None = None
+    cache_bytes: int | None = None
+    cache_dir: str | os.PathLike[str] | None = None
+    max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES
+    source_options: SourceOptions = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _set(self, "batch_size", check_int("batch_size", self.batch_size, minimum=1))
+        _set(self, "seed", check_int("seed", self.seed, minimum=0))
+        _set(self, "readahead", check_int_or_auto("readahead", self.readahead))
+        _set(self, "max_in_flight", check_int_or_auto("max_in_flight", self.max_in_flight))
+        if isinstance(self.readahead, int) and isinstance(self.max_in_flight, int):
+            check_depths(self.readahead, self.max_in_flight)
+        _set(self, "max_buffer_bytes", check_int("max_buffer_bytes", self.max_buffer_bytes,
+                                                 minimum=1))  # fmt: skip
+        _set(self, "cache", check_choice("cache", self.cache, _CACHES, none=True,
+                                         explain=_CACHE_WORDS))  # fmt: skip
+        if self.cache_bytes is not None:
+            _set(self, "cache_bytes", check_int("cache_bytes", self.cache_bytes, minimum=1))
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            check_folder("cache_dir", self.cache_dir)  # the TypeError
+        if self.cache != "memory" and self.cache_bytes is not None:
+            raise ValueError(
+                f"cache_bytes={self.cache_bytes} applies to cache='memory' only, but "
+                f"cache={self.cache!r}; pass cache='memory' or leave cache_bytes out"
+            )
+        if self.cache != "disk" and self.cache_dir is not None:
+            raise ValueError(
+                f"cache_dir applies to cache='disk' only, but cache={self.cache!r}; pass "
+                f"cache='disk' or leave cache_dir out"
+            )
+        _set(self, "drop_last", check_bool("drop_last", self.drop_last))
+        _check_rank_pair(self.rank, self.world_size)
+        check_callable("transform", self.transform)
+        _check_retry(self.retry)
+        check_choice("permutation", self.permutation, KINDS)
+        _set(self, "log_every_s", check_seconds("log_every", self.log_every_s, positive=True,
+                                                none_means="no logging"))  # fmt: skip
+        _set(self, "coalesce", check_int_or_auto(
+            "coalesce", self.coalesce, expected="'auto' or a number of batches per take >= 1"
+        ))  # fmt: skip
+        if isinstance(self.readahead, int):
+            coalesce_size(self.coalesce, self.batch_size, self.readahead)  # coalesce <= readahead
+        check_folder("cache_dir", self.cache_dir)
+        _set(self, "source_options", SourceOptions(
+            columns=self.columns, version=self.version,
+            storage_options=self.storage_options, io=self.io,
+        ))  # fmt: skip
+        _set(self, "columns", self.source_options.columns)
+        _set(self, "storage_options", self.source_options.storage_options)
+
+    def resolve(self, *, row_bytes: int | None, num_rows: int) -> Resolved:
+        """Coalescing, the permutation kind and the tuner for a dataset of ``num_rows`` rows of
+        ``row_bytes`` bytes each (``None``: not fixed-width, learnt from the first reads)."""
+        if isinstance(self.readahead, int):
+            limit = self.readahead
+        elif self.coalesce != "auto":  # readahead="auto" makes room for the takes asked for
+            limit = int(self.coalesce)
+        elif row_bytes:  # "auto": at least two takes within max_buffer_bytes
+            limit = max(self.max_buffer_bytes // max(row_bytes * self.batch_size, 1), 1)
+        else:  # bytes unknown until the first read: the rule alone
+            limit = 2 * TARGET_ROWS
+        coalesce = coalesce_size(self.coalesce, self.batch_size, limit)
+        tuner = None
+        if "auto" in (self.readahead, self.max_in_flight):
+            tuner = DepthTuner(
+                coalesce=coalesce,
+                readahead=self.readahead if isinstance(self.readahead, int) else None,
+                max_in_flight=self.max_in_flight if isinstance(self.max_in_flight, int) else None,
+                max_buffer_bytes=self.max_buffer_bytes,
+                row_bytes=row_bytes,
+                batch_size=self.batch_size,
+                level=START_LEVEL_MEMORY if self.cache == "memory" else START_LEVEL,
+            )
+        return Resolved(coalesce, resolve_kind(self.permutation, num_rows), tuner)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MapDatasetConfig:
+    """The options of a :class:`~lance_prefetch.LanceMapDataset`, checked.
+
+    Raises:
+        TypeError: ``transform`` is not callable, ``retry`` not a ``RetryPolicy``.
+        ValueError: ``retry`` has a ``timeout`` (the dataset reads in the worker's own thread,
+            where a take cannot be abandoned), or a source option is wrong.
+    """
+
+    columns: Sequence[str] | None = None
+    storage_options: Mapping[str, str] | None = None
+    version: int | str | None = None
+    transform: Callable[[Any], Any] | None = None
+    retry: RetryPolicy | None = DEFAULT_RETRY
+    io: str | None = None
+    source_options: SourceOptions = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_callable("transform", self.transform)
+        retry = _check_retry(self.retry)
+        if retry is not None and retry.timeout is not None:
+            raise ValueError(
+                f"retry: LanceMapDataset reads in the DataLoader worker's own thread, where a "
+                f"take cannot be abandoned, so it takes no timeout (got timeout={retry.timeout:g}); "
+                f"use RetryPolicy(timeout=None) and bound each request with "
+                f"storage_options['timeout'], or use PrefetchLoader"
+            )
+        _set(self, "source_options", SourceOptions(
+            columns=self.columns, version=self.version,
+            storage_options=self.storage_options, io=self.io,
+        ))  # fmt: skip
+
+
+def _check_rank_pair(rank: Any, world_size: Any) -> None:
+    """``rank`` and ``world_size`` together or neither; given, ``0 <= rank < world_size``."""
+    if (rank is None) != (world_size is None):
+        raise ValueError(
+            f"pass rank and world_size together (or neither, to detect them), but got "
+            f"rank={rank!r}, world_size={world_size!r}"
+        )
+    if rank is not None:
+        check_rank(rank, world_size)
+
+
+def _check_retry(retry: Any) -> RetryPolicy | None:
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise TypeError(
+            f"retry should be a lance_prefetch.RetryPolicy or None, but got retry={retry!r}"
+        )
+    return retry
+
+
+def _set(config: object, name: str, value: Any) -> None:
+    """Store a normalised value in a frozen dataclass (from its ``__post_init__`` only)."""
+    object.__setattr__(config, name, value)

@@ -1,0 +1,262 @@
+"""One iteration of a loader: read each group of batches with one ``take``, split and convert it,
+and hand the batches to the training loop one by one.
+
+:class:`BatchReader` is what the worker threads run for each :class:`~lance_prefetch._coalesce.Group`
+(read, then split, convert and ``transform``), and how a failure is named for the training loop
+(:class:`~lance_prefetch.BatchLoadError`). :class:`LoaderIterator` is the iterator
+``iter(loader)`` returns: it drains a :class:`~lance_prefetch._prefetcher.Prefetcher` of groups,
+counts each batch it delivers (:class:`~lance_prefetch._positions.DeliveryCounter`), records
+telemetry, and with ``readahead="auto"`` applies the tuner's bounds.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ._blocking import BlockingPrefetcher
+from ._coalesce import Group, groups, split
+from ._errors import BatchLoadError
+from ._exit_guard import native_call
+from ._positions import DeliveryCounter
+from ._prefetcher import FetchError, Prefetcher
+from ._source import RowSource
+from ._storage import redact_uri
+from ._telemetry import Telemetry
+from ._tuning import DepthTuner
+from .convert import to_tensors
+from .retry import RetryPolicy
+from .sampling import EpochPlan, PlannedBatch
+
+__all__ = ["BatchReader", "LoaderIterator", "start_iteration"]
+
+_stats_logger = logging.getLogger("lance_prefetch.stats")
+
+
+class BatchReader:
+    """Reads the groups of one iteration of epoch ``epoch`` from ``source``.
+
+    Args:
+        source (RowSource): where the rows come from.
+        epoch (int): the epoch read (for error messages).
+        transform (Callable, optional): applied to each converted batch.
+        retry (RetryPolicy, optional): the policy the reads are retried by (for error messages).
+        telemetry (Telemetry): where each take is recorded.
+    """
+
+    def __init__(
+        self,
+        source: RowSource,
+        *,
+        epoch: int,
+        transform: Callable[[dict[str, Any]], Any] | None,
+        retry: RetryPolicy | None,
+        telemetry: Telemetry,
+    ) -> None:
+        self._source, self._epoch, self._transform = source, epoch, transform
+        self._retry, self._telemetry = retry, telemetry
+
+    def read(self, group: Group) -> Any:
+        """The rows of a group of batches, read with one ``take`` (in a worker thread; retried
+        by the prefetcher)."""
+        cached = self._source.cached  # a cache: whether it is filled already
+        started = time.perf_counter()
+        table = self._source.take(group.indices)
+        self._telemetry.record_take(
+            time.perf_counter() - started, table.nbytes, rows=table.num_rows, cached=cached
+        )
+        return table
+
+    def convert(self, group: Group, table: Any) -> list[Any]:
+        """Split a group read by :meth:`read` into its batches, convert and transform each (same
+        thread; not retried): a list of ``(rows, batch)``, or ending with the
+        :class:`BatchLoadError` of a batch that failed (the batches before it are delivered)."""
+        results: list[Any] = []
+        for batch, piece in zip(group.batches, split(table, group), strict=True):
+            try:
+                with native_call(lance=False):  # a transform may run native code (torch)
+                    tensors = to_tensors(piece)
+                    converted = tensors if self._transform is None else self._transform(tensors)
+            except Exception as exc:
+                error = self._error(batch, exc, "in conversion or transform")
+                error.__cause__ = exc
+                results.append(error)
+                break
+            results.append((piece.num_rows, converted))
+        return results
+
+    def read_error(self, error: FetchError) -> BatchLoadError:
+        """The error a batch whose read failed for good reaches the training loop as."""
+        cause = error.__cause__
+        attempts = error.attempts
+        how = f"after {attempts} attempt{'s' if attempts > 1 else ''}"
+        if self._retry is not None and attempts < self._retry.attempts:
+            how += f" (not retried: {type(cause).__name__} is not transient)"
+        return self._error(error.item, cause, how, attempts=attempts)
+
+    def _error(
+        self,
+        batch: PlannedBatch | Group,
+        error: BaseException | None,
+        how: str,
+        *,
+        attempts: int | None = None,
+    ) -> BatchLoadError:
+        uri = redact_uri(self._source.uri)
+        what = f"batch {batch.position}"
+        if isinstance(batch, Group) and len(batch) > 1:  # one take read them all
+            what = f"batches {batch.position}-{batch.batches[-1].position} (one coalesced take)"
+        rows = len(batch.indices)
+        return BatchLoadError(
+            f"{what} of epoch {self._epoch} ({rows} row{'' if rows == 1 else 's'}) from "
+            f"{uri!r} version {self._source.version} failed {how}: {type(error).__name__}: "
+            f"{error}",
+            epoch=self._epoch,
+            position=batch.position,
+            num_rows=rows,
+            uri=uri,
+            attempts=attempts,
+        )
+
+
+class LoaderIterator(BlockingPrefetcher[Any]):
+    """The iterator ``iter(loader)`` returns: a prefetcher of groups of batches (one ``take``
+    each) that hands the batches on one by one, giving back a readahead token as each is
+    received.
+
+    Args:
+        prefetcher (Prefetcher): fetches the groups with ``reader.read``, processed by
+            ``reader.convert``, one readahead unit per batch.
+        reader (BatchReader): names a failed read.
+        counter (DeliveryCounter): counts the batches delivered.
+        telemetry (Telemetry): this iteration's counters.
+        log_every_s (float, optional): log the telemetry every this many seconds.
+        tuner (DepthTuner, optional): with ``readahead="auto"``, observed at every batch.
+    """
+
+    def __init__(
+        self,
+        prefetcher: Prefetcher[Group, list[Any]],
+        *,
+        reader: BatchReader,
+        counter: DeliveryCounter,
+        telemetry: Telemetry,
+        log_every_s: float | None,
+        tuner: DepthTuner | None,
+    ) -> None:
+        # Set before the prefetcher starts: a Ctrl-C held back during its start is raised at the
+        # end of super().__init__(), and close() (run by garbage collection) needs them.
+        self._counter = counter
+        self._reader = reader
+        self._telemetry = telemetry
+        self._log_every_s = log_every_s
+        self._tuner = tuner
+        self._next_log = None if log_every_s is None else telemetry.started + log_every_s
+        self._pending: collections.deque[Any] = collections.deque()  # the rest of a group
+        super().__init__(prefetcher)
+        telemetry.attach(_counters_of(weakref.ref(self)))  # weak: the loader keeps telemetry
+
+    def __next__(self) -> Any:
+        started = self._telemetry.begin_wait()
+        try:
+            try:  # the rest of a group already read (close() from another thread may clear it;
+                # in a forked copy, self._next() refuses instead)
+                result = self._pending.popleft() if os.getpid() == self._pid else None
+            except IndexError:
+                result = None
+            if result is None:
+                # the token goes back at the end of this call, so that the next read does not
+                # compete with it for the GIL
+                results = self._next(release=False)
+                result = results[0]
+                self._pending.extend(results[1:])
+            if isinstance(result, BatchLoadError):  # the batches before it were delivered
+                self.close(wait=False)
+                raise result
+        except FetchError as error:
+            self._telemetry.end()
+            raise self._reader.read_error(error) from error.__cause__
+        except BaseException:
+            self._telemetry.end()
+            raise
+        rows, item = result
+        now = self._telemetry.clock()
+        self._telemetry.record_batch(rows, now - started)
+        self._counter.delivered += 1
+        tuner = self._tuner
+        if tuner is not None:
+            telemetry = self._telemetry
+            bounds = tuner.observe(
+                now, telemetry.waited, telemetry.rows, telemetry.bytes, telemetry.rows_read
+            )
+            if bounds is not None:
+                self.resize(bounds.readahead, bounds.max_in_flight)
+        if self._next_log is not None and now >= self._next_log:
+            self._next_log = now + self._log_every_s  # type: ignore[operator]
+            _stats_logger.info("%s", self._telemetry.snapshot())
+        self.release(1)
+        return item
+
+    def close(self, *, wait: bool = True) -> None:
+        self._telemetry.end()
+        self._pending.clear()  # batches read but never delivered (their tokens die with the loop)
+        super().close(wait=wait)
+
+
+def start_iteration(
+    source: RowSource,
+    plan: EpochPlan,
+    counter: DeliveryCounter,
+    telemetry: Telemetry,
+    *,
+    rank: int,
+    coalesce: int,
+    readahead: int | str,
+    max_in_flight: int | str,
+    transform: Callable[[dict[str, Any]], Any] | None,
+    retry: RetryPolicy | None,
+    log_every_s: float | None,
+    tuner: DepthTuner | None,
+) -> LoaderIterator:
+    """Start reading ``plan`` for ``rank`` and the worker share ``counter`` describes, in groups
+    of ``coalesce`` batches: with ``readahead`` and ``max_in_flight`` as given, or with a tuner
+    (``"auto"``) its bounds, from the level it reached so far."""
+    if tuner is not None:
+        bounds = tuner.restart()
+        readahead, max_in_flight = bounds.readahead, bounds.max_in_flight
+    batches = plan.rank_batches(rank, worker_id=counter.worker_id,
+                                num_workers=counter.num_workers, skip=counter.skip)  # fmt: skip
+    reader = BatchReader(source, epoch=plan.epoch, transform=transform, retry=retry,
+                         telemetry=telemetry)  # fmt: skip
+    prefetcher = Prefetcher(groups(batches, coalesce), reader.read, process=reader.convert,
+                            readahead=int(readahead), max_in_flight=int(max_in_flight),
+                            retry=retry, size=len)  # fmt: skip
+    return LoaderIterator(prefetcher, reader=reader, counter=counter, telemetry=telemetry,
+                          log_every_s=log_every_s, tuner=tuner)  # fmt: skip
+
+
+def _counters_of(
+    iteration: weakref.ref[LoaderIterator],
+) -> Callable[[], tuple[int, ...] | None]:
+    """(queue depth, takes in flight, retries, readahead, max_in_flight) of a live iteration,
+    for its telemetry."""
+
+    def counters() -> tuple[int, ...] | None:
+        live = iteration()
+        if live is None:
+            return None
+        statistics = live.statistics()
+        return (
+            statistics.ready,
+            statistics.in_flight,
+            statistics.retries,
+            statistics.readahead,
+            statistics.max_in_flight,
+        )
+
+    return counters

@@ -1,0 +1,352 @@
+"""The torch wrapper: :class:`PrefetchLoader`, an ``IterableDataset`` of fully random, prefetched
+batches. It wires the rooms together: :mod:`~lance_prefetch._config` checks the options,
+:mod:`~lance_prefetch._source` pins the dataset, :mod:`~lance_prefetch.sampling` plans the epoch,
+:mod:`~lance_prefetch._epochs` and :mod:`~lance_prefetch._positions` say where an iteration starts
+and how far it got, and :mod:`~lance_prefetch._iteration` reads it."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ._cache import with_cache
+from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, LoaderConfig
+from ._epochs import MAX_EPOCH, EpochControl
+from ._facade import SourceFacade
+from ._iteration import LoaderIterator, start_iteration
+from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
+from ._ranks import resolve_rank
+from ._source import LanceSource
+from ._telemetry import LoaderStats, Telemetry
+from ._validate import check_bool, check_int
+from .convert import check_schema, fixed_row_bytes
+from .retry import RetryPolicy
+from .sampling import EpochPlan
+from .state import check_state, make_state
+
+if TYPE_CHECKING:
+    import lance
+
+__all__ = ["PrefetchLoader"]
+
+
+def _option(name: str, doc: str) -> Any:
+    return property(lambda self: getattr(self.config, name), doc=doc)
+
+
+class PrefetchLoader(SourceFacade, IterableDataset):
+    """Fully random batches from a Lance dataset, read concurrently ahead of the training loop.
+
+    Each epoch, the rows of the pinned version are shuffled uniformly from ``(seed, epoch)``, cut
+    into batches of ``batch_size`` rows and dealt to ranks (:mod:`lance_prefetch.sampling`); up to
+    ``max_in_flight`` ``take`` calls read ahead in background threads, up to ``readahead`` batches
+    wait for the loop. Iterate it directly (``loader.set_epoch(epoch)`` before each epoch) or in
+    ``DataLoader(loader, batch_size=None, num_workers=4, multiprocessing_context="spawn")``: each
+    worker reads its share of the rank's batches, in the same order for any ``num_workers``.
+
+    Args:
+        source (str | os.PathLike | lance.LanceDataset): dataset URI or open dataset (one opened
+            with ``storage_options`` needs them here too, for workers).
+        batch_size (int): rows per batch, ``>= 1``.
+        columns (Sequence[str], optional): columns to read. Default: ``None``, all.
+        seed (int, optional): base seed, ``>= 0``, the same on every rank. Default: ``0``.
+        readahead (int | str, optional): the most batches held (being read or read, not yet
+            handed out), ``>= 1``; ``"auto"``: tuned from the measured wait and rows/s within
+            ``max_buffer_bytes``. Default: ``8``.
+        max_in_flight (int | str, optional): the most ``take`` calls at once, ``>= 1``,
+            ``<= readahead`` if both are ints; ``"auto"``: tuned. Default: ``4``.
+        drop_last (bool, optional): ``True``: full batches, the permutation's tail left out;
+            ``False``: every row, padded by wrapping around. Default: ``True``.
+        rank, world_size (int, optional): this process's rank in ``[0, world_size)``, both or
+            neither. Default: ``None``, from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``,
+            else ``0`` of ``1``.
+        storage_options (Mapping[str, str], optional): passed to Lance as they are, pickled into
+            workers, never printed; an ``s3://`` endpoint set here is probed for at most
+            ``connect_timeout`` (3 s). Default: ``None``.
+        version (int | str, optional): version number or tag to pin. Default: ``None``, latest.
+        transform (Callable, optional): applied to each converted batch in the read threads
+            (thread-safe); its result is yielded. Default: ``None``.
+        retry (RetryPolicy, optional): how a failing or stuck ``take`` is retried; ``None``: not.
+            Default: ``RetryPolicy()``.
+        permutation (str, optional): ``"array"``, ``"lazy"`` (constant memory; another order, the
+            same guarantees) or ``"auto"`` (``"lazy"`` above 2**27 rows). Default: ``"auto"``.
+        log_every (float, optional): log :meth:`stats` every this many seconds (INFO, logger
+            ``"lance_prefetch.stats"``). Default: ``None``.
+        coalesce (int | str, optional): consecutive batches read by one ``take`` and split back;
+            ``"auto"``: ``ceil(1024 / batch_size)``, at most ``readahead // 2``; an int
+            ``<= readahead``. Default: ``"auto"``.
+        cache (str, optional): ``"memory"`` (one scan fills this process's copy) or ``"disk"`` (a
+            local copy under ``cache_dir``, shared); same rows, same order. Default: ``None``.
+        cache_bytes (int, optional): with ``cache="memory"``, the most bytes of rows. Default:
+            ``None``, half the physical memory.
+        cache_dir (str | os.PathLike, optional): with ``cache="disk"``. Default: ``None``,
+            ``$LANCE_PREFETCH_CACHE_DIR``, else ``~/.cache/lance-prefetch``.
+        max_buffer_bytes (int, optional): with ``readahead="auto"``, the most Arrow bytes read
+            ahead. Default: 256 MiB.
+        io (str, optional): ``"default"`` or ``"uring"`` (local files; falls back with a
+            ``RuntimeWarning``). Default: ``None``, ``"uring"`` for a ``file+uring://`` URI.
+
+    Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
+    and variable-length lists; :mod:`lance_prefetch.convert`).
+
+    Raises:
+        TypeError, ValueError: a wrong argument (named, with the fix), before any I/O; a column
+            without tensor form; a missing column or version; no rows, or fewer than
+            ``batch_size * world_size`` with ``drop_last=True``; more than ``cache_bytes``.
+        FileNotFoundError, PermissionError, ConnectionError: no dataset or bucket, refused
+            credentials, an endpoint that does not answer.
+
+    .. warning::
+        With DataLoader workers, take :meth:`state_dict` through torchdata's
+        ``StatefulDataLoader`` (:func:`~lance_prefetch.state_from_dataloader`).
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | lance.LanceDataset,
+        batch_size: int,
+        *,
+        columns: Sequence[str] | None = None,
+        seed: int = 0,
+        readahead: int | str = 8,
+        max_in_flight: int | str = 4,
+        drop_last: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        version: int | str | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+        permutation: str = "auto",
+        io: str | None = None,
+        log_every: float | None = None,
+        coalesce: int | str = "auto",
+        cache: str | None = None,
+        cache_bytes: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
+    ) -> None:
+        super().__init__()
+        #: The options as given, checked (:class:`~lance_prefetch._config.LoaderConfig`).
+        self.config = config = LoaderConfig(
+            batch_size=batch_size, columns=columns, seed=seed, readahead=readahead,
+            max_in_flight=max_in_flight, drop_last=drop_last, rank=rank, world_size=world_size,
+            storage_options=storage_options, version=version, transform=transform, retry=retry,
+            permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
+            cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
+        )  # fmt: skip
+        self.rank, self.world_size = resolve_rank(config.rank, config.world_size)
+        self._telemetry: Telemetry | None = None  # the latest iteration in this process
+        self._counter: DeliveryCounter | None = None  # ... and how far it got
+        self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
+        self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
+        self._iterators: weakref.WeakSet[LoaderIterator] = weakref.WeakSet()
+        lance_source = LanceSource(source, config.source_options)
+        check_schema(lance_source.schema)
+        self._source = with_cache(lance_source, config.cache, cache_bytes=config.cache_bytes,
+                                  cache_dir=config.cache_dir)  # fmt: skip
+        if self.num_rows == 0:
+            raise ValueError(
+                f"source: the dataset {self.uri!r} has no rows at version {self.version}; write "
+                f"data first or pick another version"
+            )
+        resolved = config.resolve(row_bytes=fixed_row_bytes(self._source.schema),
+                                  num_rows=self.num_rows)  # fmt: skip
+        #: Batches read by one ``take`` (``coalesce`` resolved).
+        self.coalesce = resolved.coalesce
+        #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.
+        self.permutation = resolved.permutation
+        self._tuner = resolved.tuner
+        self.epoch_plan()  # raises for drop_last=True with too few rows
+
+    batch_size = _option("batch_size", "Rows per batch.")
+    seed = _option("seed", "The base seed of every epoch's permutation.")
+    drop_last = _option("drop_last", "Whether the permutation's tail is left out.")
+    readahead = _option("readahead", "``readahead`` as given (an int, or ``'auto'``).")
+    max_in_flight = _option("max_in_flight", "``max_in_flight`` as given (an int or ``'auto'``).")
+    transform = _option("transform", "Applied to each converted batch, or ``None``.")
+    retry = _option("retry", "The :class:`~lance_prefetch.RetryPolicy` of reads, or ``None``.")
+    cache = _option("cache", "``'memory'``, ``'disk'`` or ``None``: where batches come from.")
+    log_every = _option("log_every_s", "Seconds between logged :meth:`stats`, or ``None``.")
+
+    @property
+    def num_rows(self) -> int:
+        """Live rows in the pinned version (the ``N`` that every epoch permutes)."""
+        return self._source.num_rows
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being read (or last read); once :meth:`set_epoch` or :meth:`load_state_dict`
+        selected one, the epoch the next iteration reads. Shared with DataLoader workers."""
+        return self._control.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose permutation the next ``iter(loader)`` reads, as
+        ``DistributedSampler.set_epoch``: before each epoch, the same on every rank. It reaches
+        DataLoader workers, persistent ones included. Without it each new iteration reads the
+        epoch after the previous one (:mod:`lance_prefetch._epochs`). After
+        :meth:`load_state_dict`, the state's epoch keeps its position; another starts afresh.
+
+        Raises:
+            TypeError, ValueError: ``epoch`` is not an integer in ``[0, 2**62]``.
+        """
+        epoch = check_int("epoch", epoch, minimum=0)
+        if epoch > MAX_EPOCH:
+            raise ValueError(f"epoch should be <= 2**62, but got epoch={epoch}")
+        self._control.set_epoch(epoch)
+
+    def epoch_plan(self, epoch: int | None = None, *, start: int = 0) -> EpochPlan:
+        """The :class:`~lance_prefetch.sampling.EpochPlan` of ``epoch`` (default: :attr:`epoch`)
+        from global position ``start`` (default: the epoch's beginning)."""
+        return EpochPlan(
+            num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed,
+            epoch=self.epoch if epoch is None else epoch, world_size=self.world_size,
+            drop_last=self.drop_last, start=start, permutation_kind=self.permutation,
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        """Batches this rank yields in a whole epoch (the same on every rank)."""
+        return self.epoch_plan().batches_per_rank
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop is: a small JSON-serializable dict (layout in
+        :mod:`lance_prefetch.state`) of the dataset, the sampling parameters, the epoch and
+        ``position``, the global batches of the epoch **delivered to the training loop** (read
+        ahead does not count). The same on every rank. After :meth:`set_epoch` or
+        :meth:`load_state_dict`, what the next iteration reads.
+
+        Raises:
+            RuntimeError: the current iteration runs in DataLoader worker processes (use
+                torchdata's ``StatefulDataLoader``, or save between epochs).
+        """
+        counter = self._counter
+        epoch, position, worker = saved_position(
+            pending=self._control.pending(),
+            counter=counter,
+            in_worker=get_worker_info() is not None,
+            decided=counter is not None and self._control.decided_by(counter.ident),
+            end=end_position(self.num_rows, self.batch_size, drop_last=self.drop_last),
+        )
+        return make_state(**self._identity(), world_size=self.world_size, epoch=epoch,
+                          position=position, worker=worker)  # fmt: skip
+
+    def load_state_dict(
+        self, state: Mapping[str, Any], *, allow_version_change: bool = False
+    ) -> None:
+        """Make the next iteration continue exactly where ``state`` stopped: the same epoch,
+        from the next undelivered batch, also on another ``world_size`` or ``num_workers`` (the
+        rest of the epoch is re-split, every row still once). It reaches DataLoader workers.
+
+        Args:
+            state (Mapping): from :meth:`state_dict` or
+                :func:`~lance_prefetch.state_from_dataloader`.
+            allow_version_change (bool, optional): accept a state of another dataset version
+                (right only if both hold the same rows in the same order). Default: ``False``.
+
+        Raises:
+            RuntimeError: an iterator of this loader is live in this process.
+            ValueError: the state is malformed or belongs to another dataset, version, seed,
+                batch size, ``drop_last`` or permutation (each mismatch named), or is a
+                DataLoader worker's share loaded outside that worker or with another
+                ``world_size`` (merge with :func:`~lance_prefetch.state_from_dataloader`).
+            TypeError: ``state`` is not a mapping or a field has the wrong type.
+        """
+        allow_version_change = check_bool("allow_version_change", allow_version_change)
+        if any(not iterator.closed for iterator in self._iterators):
+            raise RuntimeError(
+                "load_state_dict() was called while an iterator of this loader is live; exhaust "
+                "it or call loader.close() first (the state applies to the next iterator)"
+            )
+        state = check_state(state, self._identity(), allow_version_change=allow_version_change)
+        worker = get_worker_info()
+        here = None if worker is None else (worker.id, worker.num_workers)
+        resume = plan_resume(state, here=here, world_size=self.world_size)
+        if resume.in_worker:
+            self._worker_resume = (resume.decision, resume.skip)
+        else:
+            self._control.load(*resume.decision)
+
+    def _identity(self) -> dict[str, Any]:
+        """What a state must match to load (:data:`lance_prefetch.state.MATCHED`)."""
+        return {"uri": self.uri, "version": self.version, "num_rows": self.num_rows,
+                "seed": self.seed, "batch_size": self.batch_size, "drop_last": self.drop_last,
+                "permutation": self.permutation}  # fmt: skip
+
+    def __iter__(self) -> Iterator[Any]:
+        """Start reading this epoch's batches for this rank (and DataLoader worker), in an
+        event-loop thread of the calling process; it stops when the iterator is exhausted, fails,
+        is closed (:meth:`close`) or garbage collected (after ``break``).
+
+        Raises:
+            RuntimeError: this process was forked from the one that built the loader (Lance is
+                not fork-safe; use ``multiprocessing_context="spawn"``).
+            MemoryError, OSError, Exception: with ``cache=``, the fill (once per process, here):
+                ``MemoryError`` above ``cache_bytes``; the scan's own errors, not retried.
+            BatchLoadError: from ``next()``: reading, converting or transforming a batch failed;
+                the iterator is then closed.
+        """
+        self._source.check_process()  # fail at once, not in a thread, in a forked worker
+        self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
+        worker = get_worker_info()
+        ident = self._control.identify(worker)
+        forced, skip = self._worker_resume or (None, 0)
+        self._worker_resume = None
+        decision = self._control.begin(ident, forced=forced)
+        worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        self._counter = counter = DeliveryCounter(ident, decision, world_size=self.world_size,
+                                                  worker_id=worker_id, num_workers=num_workers,
+                                                  skip=skip)  # fmt: skip
+        self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
+        iterator = start_iteration(
+            self._source, self.epoch_plan(decision.epoch, start=decision.start), counter,
+            self._telemetry, rank=self.rank, coalesce=self.coalesce, readahead=self.readahead,
+            max_in_flight=self.max_in_flight, transform=self.transform, retry=self.retry,
+            log_every_s=self.log_every, tuner=self._tuner,
+        )  # fmt: skip
+        self._iterators.add(iterator)
+        return iterator
+
+    def stats(self) -> LoaderStats:
+        """Telemetry of the latest iteration in this process (:class:`LoaderStats`: rows/s,
+        MiB/s, wait fraction, queue depth, take latency, retries); cheap and safe from any
+        thread. DataLoader workers' iterations are not seen here (use ``log_every``). Before any
+        iteration: zeros with ``epoch=None``."""
+        telemetry = self._telemetry
+        return LoaderStats() if telemetry is None else telemetry.snapshot()
+
+    def close(self) -> None:
+        """Stop every live iterator of this loader in this process (pending reads cancelled).
+        The loader stays usable: a later ``iter(loader)`` starts afresh. Idempotent."""
+        for iterator in list(self._iterators):
+            iterator.close()
+
+    def __enter__(self) -> PrefetchLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_iterators"], state["_counter"], state["_telemetry"]  # this process's
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._iterators = weakref.WeakSet()
+        self._counter = self._telemetry = None
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefetchLoader({self.uri!r}, batch_size={self.batch_size}, "
+            f"columns={list(self.columns)}, version={self.version}, num_rows={self.num_rows}, "
+            f"seed={self.seed}, epoch={self.epoch}, readahead={self.readahead!r}, "
+            f"max_in_flight={self.max_in_flight!r}, coalesce={self.coalesce}, "
+            f"cache={self.cache!r}, drop_last={self.drop_last}, rank={self.rank}, "
+            f"world_size={self.world_size}, retry={self.retry!r}, io={self.io!r}, "
+            f"storage_options={self._source.options_repr()})"
+        )

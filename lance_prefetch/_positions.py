@@ -1,0 +1,197 @@
+"""Position algebra: where an iteration is within its epoch, what a checkpoint records of it, and
+where a resumed iteration starts.
+
+A *position* counts the global batches of an epoch (over all ranks) delivered before the next one
+(:mod:`lance_prefetch.sampling`). Rank ``r`` delivers its ``j``-th batch at global position
+``start + j * world_size + r``; DataLoader worker ``w`` of ``K`` delivers the rank's batches
+``j = w (mod K)``. Pure code: no Lance, no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+__all__ = [
+    "Decision",
+    "DeliveryCounter",
+    "Resume",
+    "end_position",
+    "first_local",
+    "merge_worker_states",
+    "plan_resume",
+    "saved_position",
+    "worker_skip",
+]
+
+
+class Decision(NamedTuple):
+    """What one iteration reads: ``epoch``, from global position ``start``."""
+
+    epoch: int
+    start: int
+
+
+def first_local(worker_id: int, num_workers: int, skip: int = 0) -> int:
+    """The rank's first batch that worker ``worker_id`` of ``num_workers`` produces after the
+    rank's first ``skip`` batches: the smallest ``j >= skip`` with ``j % num_workers == worker_id``."""
+    return worker_id + -(-max(skip - worker_id, 0) // num_workers) * num_workers
+
+
+def end_position(num_rows: int, batch_size: int, *, drop_last: bool) -> int:
+    """The position that stands for "this epoch is over", for any world size.
+
+    A plan started there has no batches: fewer than ``batch_size`` rows remain with
+    ``drop_last=True`` (``num_rows // batch_size``), none with ``drop_last=False``
+    (``ceil(num_rows / batch_size)``). Every earlier position still has batches, so a finished
+    epoch's position (which a padded last round can push past this) is saved as this one.
+    """
+    if drop_last:
+        return num_rows // batch_size
+    return math.ceil(num_rows / batch_size)
+
+
+def worker_skip(position: int, start: int, world_size: int) -> int:
+    """The rank's batches delivered between ``start`` and ``position`` (whole rounds)."""
+    return (position - start) // world_size
+
+
+class DeliveryCounter:
+    """How far one iteration in this process got: the position after its last delivered batch.
+
+    The iteration reads ``decision.epoch`` from ``decision.start`` for one rank; in DataLoader
+    worker ``worker_id`` of ``num_workers`` it delivers the rank's batches ``j = worker_id (mod
+    num_workers)``, ``j >= skip`` (see :meth:`~lance_prefetch.sampling.EpochPlan.rank_batches`).
+
+    Attributes:
+        delivered (int): batches handed to the consumer so far (incremented by the iterator).
+    """
+
+    def __init__(
+        self,
+        ident: int,
+        decision: Decision,
+        *,
+        world_size: int,
+        worker_id: int = 0,
+        num_workers: int = 1,
+        skip: int = 0,
+    ) -> None:
+        self.ident, self.decision, self.world_size = ident, decision, world_size
+        self.worker_id, self.num_workers, self.skip = worker_id, num_workers, skip
+        self.first = first_local(worker_id, num_workers, skip)
+        self.delivered = 0
+
+    @property
+    def position(self) -> int:
+        """Global batches of the epoch delivered before this worker's next batch."""
+        if self.delivered == 0:
+            return self.decision.start + self.skip * self.world_size
+        last = self.first + (self.delivered - 1) * self.num_workers
+        return self.decision.start + (last + 1) * self.world_size
+
+
+def saved_position(
+    *,
+    pending: Decision | None,
+    counter: DeliveryCounter | None,
+    in_worker: bool,
+    decided: bool,
+    end: int,
+) -> tuple[int, int, dict[str, int] | None]:
+    """``(epoch, position, worker)`` for a checkpoint: what the next iteration reads if it was
+    selected (``pending``), else how far the latest iteration in this process got (``counter``,
+    whose decision is the latest one when ``decided``). Outside a worker a finished epoch is
+    saved at ``end`` (:func:`end_position`); inside one, ``worker`` describes its share.
+
+    Raises:
+        RuntimeError: the latest iteration runs in DataLoader worker processes, so this process
+            cannot know the position.
+    """
+    if pending is not None and not in_worker:
+        return pending.epoch, min(pending.start, end), None
+    if counter is None or not (in_worker or decided):
+        raise RuntimeError(
+            "this loader's batches are being delivered by DataLoader worker processes, so "
+            "this process cannot tell how many reached the training loop; use torchdata's "
+            "StatefulDataLoader and its state_dict(), or call state_dict() between epochs "
+            "after set_epoch()"
+        )
+    epoch, position = counter.decision.epoch, counter.position
+    if not in_worker:
+        return epoch, min(position, end), None
+    worker = {
+        "id": counter.worker_id,
+        "num_workers": counter.num_workers,
+        "start": counter.decision.start,
+    }
+    return epoch, position, worker
+
+
+class Resume(NamedTuple):
+    """Where a loaded state makes the next iteration start.
+
+    ``in_worker``: the decision applies to this DataLoader worker's copy only (the worker joins
+    it instead of the shared epoch state), skipping the rank's first ``skip`` batches; else it
+    is loaded into the shared epoch state.
+    """
+
+    decision: Decision
+    skip: int
+    in_worker: bool
+
+
+def plan_resume(
+    state: Mapping[str, Any], *, here: tuple[int, int] | None, world_size: int
+) -> Resume:
+    """Where a checked ``state`` resumes, loaded in DataLoader worker ``here = (id,
+    num_workers)`` (``None``: outside workers) of a loader with ``world_size`` ranks.
+
+    Raises:
+        ValueError: ``state`` holds a worker's share and is loaded elsewhere than in that worker,
+            or with another ``world_size``.
+    """
+    decision = Decision(state["epoch"], state["position"])
+    saved_by = state.get("worker")
+    if saved_by is None:
+        return Resume(decision, 0, in_worker=here is not None)
+    if here != (saved_by["id"], saved_by["num_workers"]):
+        where = (
+            "outside DataLoader workers" if here is None else f"in worker {here[0]} of {here[1]}"
+        )
+        raise ValueError(
+            f"state holds only the share of DataLoader worker {saved_by['id']} of "
+            f"{saved_by['num_workers']}, but it is loaded {where}; merge the workers' states "
+            f"with lance_prefetch.state_from_dataloader() and load that into the loader before "
+            f"the DataLoader starts"
+        )
+    if state["world_size"] != world_size:
+        raise ValueError(
+            f"state holds a DataLoader worker's share saved with "
+            f"world_size={state['world_size']}, but this loader has "
+            f"world_size={world_size}; to resume on another number of ranks, merge "
+            f"the workers' states with lance_prefetch.state_from_dataloader() and load "
+            f"that into the loader before the DataLoader starts"
+        )
+    start = saved_by["start"]
+    skip = worker_skip(state["position"], start, world_size)
+    return Resume(Decision(state["epoch"], start), skip, in_worker=True)
+
+
+def merge_worker_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The state of the whole rank from its DataLoader workers' states (each with a
+    ``"worker"`` share of one iteration): workers deliver round-robin, so the furthest worker's
+    position is the rank's; a finished epoch is clamped to :func:`end_position`.
+
+    Raises:
+        ValueError: the states disagree on the epoch, the iteration's start or ``num_workers``.
+    """
+    shared = {(s["epoch"], s["worker"]["start"], s["worker"]["num_workers"]) for s in states}
+    if len(shared) != 1:
+        raise ValueError(f"the workers' states disagree on (epoch, start, num_workers): {shared}")
+    merged = dict(max(states, key=lambda s: s["position"]))
+    del merged["worker"]
+    end = end_position(merged["num_rows"], merged["batch_size"], drop_last=merged["drop_last"])
+    merged["position"] = min(merged["position"], end)
+    return merged

@@ -1,0 +1,85 @@
+"""The shape of the code: no import cycle, no module too big to change safely, and no keyword
+arguments forwarded blindly inside the library."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import lance_prefetch
+
+PACKAGE = pathlib.Path(lance_prefetch.__file__).parent
+#: The most lines a library module may have.
+MAX_LINES = 450
+
+
+def modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
+    """The package's modules that ``name`` imports, anywhere in it (function bodies included).
+    ``from . import x`` counts as importing ``x``, not the package."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            submodules = {f"{target}.{alias.name}" for alias in node.names} & known
+            found |= submodules or ({target} & known)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names} & known
+    return found - {name}
+
+
+def test_there_is_no_import_cycle():
+    known = modules()
+    graph = {name: imports(name, path, set(known)) for name, path in known.items()}
+    # a package's __init__ re-exports its modules: an import of the package face is not a cycle
+    faces = {"lance_prefetch", "lance_prefetch._bench"}
+    cycles, state = [], {}
+
+    def visit(name, stack):
+        state[name] = "open"
+        for target in sorted(graph[name] - faces):
+            if state.get(target) == "open":
+                cycles.append(stack[stack.index(target) :] + [target])
+            elif target not in state:
+                visit(target, [*stack, target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_no_module_is_over_the_size_limit():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    assert {name: size for name, size in sizes.items() if size > MAX_LINES} == {}
+
+
+def test_no_keyword_arguments_are_forwarded_blindly():
+    """No ``**kwargs`` parameter anywhere in the library: every option is named."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.kwarg:
+                found.append(f"{name}.{node.name}(**{node.args.kwarg.arg})")
+    assert found == []
+
+
+def test_the_loader_is_a_thin_class():
+    """PrefetchLoader wires the rooms together: well under the size of the rooms themselves."""
+    tree = ast.parse((PACKAGE / "_loader.py").read_text())
+    (loader,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PrefetchLoader"]
+    assert loader.end_lineno - loader.lineno + 1 <= 320  # docstring and signature included
