@@ -8,9 +8,8 @@ import socket
 from pathlib import Path
 
 import lance
-import numpy as np
-import pyarrow as pa
 import pytest
+from support.fakes import ids_table
 
 
 def write_ids(
@@ -22,17 +21,8 @@ def write_ids(
 ) -> str:
     """Write ``num_rows`` rows: ``id`` (int64, = position), ``vector`` (3 x float32 = id * [1, 2, 3])
     and ``label`` (int64, id % 10), in fragments of ``rows_per_file`` rows. Returns the URI."""
-    ids = np.arange(num_rows, dtype=np.int64)
-    vector = (ids[:, None] * np.array([1, 2, 3])).astype(np.float32)
-    table = pa.table(
-        {
-            "id": ids,
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vector.reshape(-1)), 3),
-            "label": ids % 10,
-        }
-    )
     lance.write_dataset(
-        table,
+        ids_table(num_rows),
         str(path),
         mode="overwrite",
         max_rows_per_file=rows_per_file,

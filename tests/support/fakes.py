@@ -11,25 +11,30 @@ import numpy as np
 import pyarrow as pa
 
 
+def ids_table(num_rows: int) -> pa.Table:
+    """The rows of the test datasets: ``id`` (int64, = position), ``vector`` (3 x float32 =
+    id * [1, 2, 3]) and ``label`` (int64, id % 10)."""
+    ids = np.arange(num_rows, dtype=np.int64)
+    vector = (ids[:, None] * np.array([1, 2, 3])).astype(np.float32)
+    return pa.table(
+        {
+            "id": ids,
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vector.reshape(-1)), 3),
+            "label": ids % 10,
+        }
+    )
+
+
 class FakeSource:
-    """``num_rows`` rows held in memory, as the test datasets hold them: ``id`` (int64, = offset),
-    ``vector`` (3 x float32 = id * [1, 2, 3]) and ``label`` (id % 10). ``take`` checks offsets
+    """``num_rows`` rows of :func:`ids_table` held in memory, as the test datasets hold them
+    (``id`` = offset). ``take`` checks offsets
     like ``LanceSource.take``, sleeps ``delay_s`` (releasing the GIL, as a read does) and records
     each call's offsets in :attr:`takes`."""
 
     def __init__(
         self, num_rows: int, *, columns=("id", "vector", "label"), delay_s: float = 0.0
     ) -> None:
-        ids = np.arange(num_rows, dtype=np.int64)
-        vector = (ids[:, None] * np.array([1, 2, 3])).astype(np.float32)
-        table = pa.table(
-            {
-                "id": ids,
-                "vector": pa.FixedSizeListArray.from_arrays(pa.array(vector.reshape(-1)), 3),
-                "label": ids % 10,
-            }
-        )
-        self._table = table.select(list(columns))
+        self._table = ids_table(num_rows).select(list(columns))
         self.delay_s = delay_s
         self.takes: list[list[int]] = []
         self._lock = threading.Lock()
