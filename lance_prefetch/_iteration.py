@@ -24,7 +24,7 @@ from ._coalesce import Group, groups, split
 from ._errors import BatchLoadError
 from ._exit_guard import native_call
 from ._positions import DeliveryCounter
-from ._prefetcher import FetchError, Prefetcher
+from ._prefetcher import FetchError, Prefetcher, PrefetchStatistics
 from ._source import RowSource
 from ._storage import redact_uri
 from ._telemetry import Telemetry
@@ -33,7 +33,7 @@ from .convert import to_tensors
 from .retry import RetryPolicy
 from .sampling import EpochPlan, PlannedBatch
 
-__all__ = ["BatchReader", "LoaderIterator", "start_iteration"]
+__all__ = ["BatchReader", "LazyIteration", "LoaderIterator", "start_iteration"]
 
 _stats_logger = logging.getLogger("lance_prefetch.stats")
 
@@ -206,6 +206,63 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         self._telemetry.end()
         self._pending.clear()  # batches read but never delivered (their tokens die with the loop)
         super().close(wait=wait)
+
+
+class LazyIteration:
+    """What ``iter(loader)`` returns: an iteration that decides its epoch and starts reading at its
+    first ``next()``, as a :class:`LoaderIterator` made by ``start()``. An iterator that is never
+    advanced (a framework's check that the loader is iterable, a ``len()``, an iterator thrown
+    away) reads nothing and uses up no epoch, and a ``set_epoch`` between ``iter()`` and the first
+    ``next()`` still applies to it.
+
+    Args:
+        start (Callable[[], LoaderIterator]): begins the iteration (called once).
+    """
+
+    def __init__(self, start: Callable[[], LoaderIterator]) -> None:
+        self._start = start
+        self._iterator: LoaderIterator | None = None
+        self._closed = False
+
+    def __iter__(self) -> LazyIteration:
+        return self
+
+    def __next__(self) -> Any:
+        iterator = self._iterator
+        if iterator is None:
+            if self._closed:
+                raise StopIteration
+            iterator = self.begin()
+        return next(iterator)
+
+    def begin(self) -> LoaderIterator:
+        """Begin the iteration now (what the first ``next()`` does); the running iterator."""
+        if self._iterator is None:
+            self._iterator = self._start()
+        return self._iterator
+
+    @property
+    def started(self) -> bool:
+        """Whether the first ``next()`` has begun the iteration."""
+        return self._iterator is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the iteration is over: closed, exhausted or failed (never before it began)."""
+        return self._closed or (self._iterator is not None and self._iterator.closed)
+
+    def close(self, *, wait: bool = True) -> None:
+        """End the iteration; a running one is closed as :meth:`LoaderIterator.close` does."""
+        self._closed = True
+        if self._iterator is not None:
+            self._iterator.close(wait=wait)
+
+    def statistics(self) -> PrefetchStatistics:
+        """The running iteration's :class:`~lance_prefetch._prefetcher.PrefetchStatistics`
+        (zeros before it began)."""
+        if self._iterator is None:
+            return PrefetchStatistics(held=0, in_flight=0, received=0)
+        return self._iterator.statistics()
 
 
 def start_iteration(

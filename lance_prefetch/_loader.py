@@ -6,6 +6,8 @@ and how far it got, and :mod:`~lance_prefetch._iteration` reads it."""
 
 from __future__ import annotations
 
+import functools
+import multiprocessing.context
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,9 +19,9 @@ from ._cache import with_cache
 from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, LoaderConfig
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade
-from ._iteration import LoaderIterator, start_iteration
+from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
-from ._ranks import resolve_rank
+from ._ranks import Ranks
 from ._source import LanceSource
 from ._telemetry import LoaderStats, Telemetry
 from ._validate import check_bool, check_int
@@ -139,12 +141,12 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
             cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
         )  # fmt: skip
-        self.rank, self.world_size = resolve_rank(config.rank, config.world_size)
+        self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
         self._counter: DeliveryCounter | None = None  # ... and how far it got
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
-        self._iterators: weakref.WeakSet[LoaderIterator] = weakref.WeakSet()
+        self._iterators: weakref.WeakSet[LazyIteration] = weakref.WeakSet()
         lance_source = LanceSource(source, config.source_options)
         check_schema(lance_source.schema)
         self._source = with_cache(lance_source, config.cache, cache_bytes=config.cache_bytes,
@@ -161,7 +163,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.
         self.permutation = resolved.permutation
         self._tuner = resolved.tuner
-        self.epoch_plan()  # raises for drop_last=True with too few rows
+        self._plan(0, 0, self._ranks.value[1])  # raises for drop_last=True with too few rows
 
     batch_size = _option("batch_size", "Rows per batch.")
     seed = _option("seed", "The base seed of every epoch's permutation.")
@@ -172,6 +174,29 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     retry = _option("retry", "The :class:`~lance_prefetch.RetryPolicy` of reads, or ``None``.")
     cache = _option("cache", "``'memory'``, ``'disk'`` or ``None``: where batches come from.")
     log_every = _option("log_every_s", "Seconds between logged :meth:`stats`, or ``None``.")
+
+    @property
+    def rank(self) -> int:
+        """This process's rank: as given, or detected where the loader is used (see
+        :mod:`lance_prefetch._ranks`)."""
+        return self._current_ranks()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks, given or detected like :attr:`rank`."""
+        return self._current_ranks()[1]
+
+    def _current_ranks(self) -> tuple[int, int]:
+        before = self._ranks.value
+        ranks = self._ranks.current(in_worker=get_worker_info() is not None)
+        if ranks != before and any(it.started and not it.closed for it in self._iterators):
+            self._ranks.value = before
+            raise RuntimeError(
+                f"this process became rank {ranks[0]} of {ranks[1]} while an iteration of the "
+                f"loader reads rank {before[0]} of {before[1]}; initialize the process group "
+                f"before iterating, or pass rank= and world_size="
+            )
+        return ranks
 
     @property
     def num_rows(self) -> int:
@@ -202,10 +227,13 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     def epoch_plan(self, epoch: int | None = None, *, start: int = 0) -> EpochPlan:
         """The :class:`~lance_prefetch.sampling.EpochPlan` of ``epoch`` (default: :attr:`epoch`)
         from global position ``start`` (default: the epoch's beginning)."""
+        return self._plan(self.epoch if epoch is None else epoch, start, self.world_size)
+
+    def _plan(self, epoch: int, start: int, world_size: int) -> EpochPlan:
         return EpochPlan(
-            num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed,
-            epoch=self.epoch if epoch is None else epoch, world_size=self.world_size,
-            drop_last=self.drop_last, start=start, permutation_kind=self.permutation,
+            num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed, epoch=epoch,
+            world_size=world_size, drop_last=self.drop_last, start=start,
+            permutation_kind=self.permutation,
         )  # fmt: skip
 
     def __len__(self) -> int:
@@ -256,7 +284,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             TypeError: ``state`` is not a mapping or a field has the wrong type.
         """
         allow_version_change = check_bool("allow_version_change", allow_version_change)
-        if any(not iterator.closed for iterator in self._iterators):
+        if any(it.started and not it.closed for it in self._iterators):
             raise RuntimeError(
                 "load_state_dict() was called while an iterator of this loader is live; exhaust "
                 "it or call loader.close() first (the state applies to the next iterator)"
@@ -277,9 +305,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
                 "permutation": self.permutation}  # fmt: skip
 
     def __iter__(self) -> Iterator[Any]:
-        """Start reading this epoch's batches for this rank (and DataLoader worker), in an
-        event-loop thread of the calling process; it stops when the iterator is exhausted, fails,
-        is closed (:meth:`close`) or garbage collected (after ``break``).
+        """An iteration of this rank's (and DataLoader worker's) batches. Its first ``next()`` (in
+        a DataLoader worker: ``iter()`` itself) decides the epoch, so an iterator never advanced
+        uses none up, and starts reading in an event-loop thread of this process, which stops
+        when the iterator is exhausted, fails, is closed (:meth:`close`) or garbage collected
+        (after ``break``).
 
         Raises:
             RuntimeError: this process was forked from the one that built the loader (Lance is
@@ -292,23 +322,34 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
         self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
         worker = get_worker_info()
-        ident = self._control.identify(worker)
+        ident = self._control.identify(worker)  # at iter(): the workers' counts stay in step
+        iteration = LazyIteration(functools.partial(self._begin, worker, ident))
+        self._iterators.add(iteration)
+        if worker is not None:
+            # A DataLoader worker asks for batches as soon as its DataLoader iterator exists (and
+            # a StatefulDataLoader its state at once): it begins at iter(), as the main process's
+            # first next() would.
+            iteration.begin()
+        return iteration
+
+    def _begin(self, worker: Any, ident: int) -> LoaderIterator:
+        """The first ``next()`` of an iteration: decide what it reads, start reading."""
+        rank, world_size = self._current_ranks()  # before anything is decided
         forced, skip = self._worker_resume or (None, 0)
         self._worker_resume = None
-        decision = self._control.begin(ident, forced=forced)
+        end = end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
+        decision = self._control.begin(ident, forced=forced, end=end)
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        self._counter = counter = DeliveryCounter(ident, decision, world_size=self.world_size,
+        self._counter = counter = DeliveryCounter(ident, decision, world_size=world_size,
                                                   worker_id=worker_id, num_workers=num_workers,
                                                   skip=skip)  # fmt: skip
         self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
-        iterator = start_iteration(
-            self._source, self.epoch_plan(decision.epoch, start=decision.start), counter,
-            self._telemetry, rank=self.rank, coalesce=self.coalesce, readahead=self.readahead,
+        return start_iteration(
+            self._source, self._plan(decision.epoch, decision.start, world_size), counter,
+            self._telemetry, rank=rank, coalesce=self.coalesce, readahead=self.readahead,
             max_in_flight=self.max_in_flight, transform=self.transform, retry=self.retry,
             log_every_s=self.log_every, tuner=self._tuner,
         )  # fmt: skip
-        self._iterators.add(iterator)
-        return iterator
 
     def stats(self) -> LoaderStats:
         """Telemetry of the latest iteration in this process (:class:`LoaderStats`: rows/s,
@@ -331,6 +372,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
+        if multiprocessing.context.get_spawning_popen() is not None:
+            self._current_ranks()  # DataLoader workers read the ranks this process has now
         state = self.__dict__.copy()
         del state["_iterators"], state["_counter"], state["_telemetry"]  # this process's
         return state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import pickle
+import re
 import threading
 import time
 from collections import Counter
@@ -398,8 +399,27 @@ def test_a_file_is_not_a_dataset(tmp_path):
         PrefetchLoader(path, 1)
 
 
-def test_rank_without_world_size_in_the_environment(ids_1003, monkeypatch):
-    monkeypatch.setenv("RANK", "1")
+@pytest.mark.parametrize("variable", ["RANK", "WORLD_SIZE"])
+def test_half_of_the_rank_environment_is_known_only_where_the_loader_is_used(
+    ids_1003, monkeypatch, variable
+):
+    """Lightning's ddp children start with WORLD_SIZE (and LOCAL_RANK) but no RANK: building
+    the loader there works; using it before a process group exists names where to build it."""
+    monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(ValueError, match=r"^only one of the RANK and WORLD_SIZE environment"):
-        PrefetchLoader(ids_1003, 10)
+    monkeypatch.setenv(variable, "1")
+    loader = PrefetchLoader(ids_1003, 10)
+    message = "^" + re.escape(
+        f"this process's rank is not known: only part of the environment is set ({variable}=1) "
+        f"and no torch.distributed process group is initialized yet (Lightning's ddp starts its "
+        f"processes like this). Use the loader where the ranks exist: build it in "
+        f"LightningDataModule.setup() or train_dataloader(), or in the training loop, after the "
+        f"process group is initialized"
+    )
+    for use in (len, lambda loader: next(iter(loader)), lambda loader: loader.state_dict()):
+        with pytest.raises(ValueError, match=message):
+            use(loader)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # now known: adopted
+    assert (loader.rank, loader.world_size) == (1, 2)
+    assert collect(loader) == expected_rank_ids(loader, rank=1)
