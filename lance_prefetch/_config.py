@@ -91,7 +91,7 @@ class Resolved:
 
     Attributes:
         coalesce (int): batches read by one ``take``.
-        permutation (str): ``"array"`` or ``"lazy"``.
+        permutation (str): ``"array"``, ``"lazy"`` or ``"identity"`` (``shuffle=False``).
         tuner (DepthTuner | None): the self-tuner with ``readahead``/``max_in_flight="auto"``
             (it learns while reading: one per loader copy), else ``None``.
     """
@@ -120,7 +120,8 @@ class LoaderConfig:
     seed: int = 0
     readahead: int | str = 8
     max_in_flight: int | str = 4
-    drop_last: bool = True
+    drop_last: bool | None = None
+    shuffle: bool = True
     rank: int | None = None
     world_size: int | None = None
     storage_options: Mapping[str, str] | None = None
@@ -162,11 +163,19 @@ class LoaderConfig:
                 f"cache_dir applies to cache='disk' only, but cache={self.cache!r}; pass "
                 f"cache='disk' or leave cache_dir out"
             )
+        _set(self, "shuffle", check_bool("shuffle", self.shuffle))
+        if self.drop_last is None:  # full batches to train on; every row once to evaluate
+            _set(self, "drop_last", self.shuffle)
         _set(self, "drop_last", check_bool("drop_last", self.drop_last))
         _check_rank_pair(self.rank, self.world_size)
         check_callable("transform", self.transform)
         _check_retry(self.retry)
         check_choice("permutation", self.permutation, KINDS)
+        if not self.shuffle and self.permutation != "auto":
+            raise ValueError(
+                f"permutation={self.permutation!r} says how a shuffled epoch is held, but "
+                f"shuffle=False reads the dataset's own order; leave permutation out"
+            )
         _set(self, "log_every_s", check_seconds("log_every", self.log_every_s, positive=True,
                                                 none_means="no logging"))  # fmt: skip
         _set(self, "coalesce", check_int_or_auto(
@@ -205,7 +214,8 @@ class LoaderConfig:
                 batch_size=self.batch_size,
                 level=START_LEVEL_MEMORY if self.cache == "memory" else START_LEVEL,
             )
-        return Resolved(coalesce, resolve_kind(self.permutation, num_rows), tuner)
+        permutation = resolve_kind(self.permutation, num_rows) if self.shuffle else "identity"
+        return Resolved(coalesce, permutation, tuner)
 
 
 @dataclass(frozen=True, kw_only=True)

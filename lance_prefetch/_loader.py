@@ -62,7 +62,12 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         max_in_flight (int | str, optional): the most ``take`` calls at once, ``>= 1``,
             ``<= readahead`` if both are ints; ``"auto"``: tuned. Default: ``4``.
         drop_last (bool, optional): ``True``: full batches, the permutation's tail left out;
-            ``False``: every row, padded by wrapping around. Default: ``True``.
+            ``False``: every row (padded by wrapping around when shuffling). Default: ``None``:
+            ``True``, or ``False`` with ``shuffle=False``.
+        shuffle (bool, optional): ``False``: the dataset's own order, every epoch (for
+            evaluation): with ``drop_last=False`` every row exactly once across ranks and
+            workers, nothing padded, a rank's last batch maybe short and a rank maybe one batch
+            short (``len()`` says each rank's). Default: ``True``.
         rank, world_size (int, optional): this process's rank in ``[0, world_size)``, both or
             neither. Default: ``None``, from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``,
             else ``0`` of ``1``.
@@ -116,7 +121,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         seed: int = 0,
         readahead: int | str = 8,
         max_in_flight: int | str = 4,
-        drop_last: bool = True,
+        drop_last: bool | None = None,
+        shuffle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
         storage_options: Mapping[str, str] | None = None,
@@ -136,7 +142,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         #: The options as given, checked (:class:`~lance_prefetch._config.LoaderConfig`).
         self.config = config = LoaderConfig(
             batch_size=batch_size, columns=columns, seed=seed, readahead=readahead,
-            max_in_flight=max_in_flight, drop_last=drop_last, rank=rank, world_size=world_size,
+            max_in_flight=max_in_flight, drop_last=drop_last, shuffle=shuffle, rank=rank,
+            world_size=world_size,
             storage_options=storage_options, version=version, transform=transform, retry=retry,
             permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
             cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
@@ -167,7 +174,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
 
     batch_size = _option("batch_size", "Rows per batch.")
     seed = _option("seed", "The base seed of every epoch's permutation.")
-    drop_last = _option("drop_last", "Whether the permutation's tail is left out.")
+    drop_last = _option("drop_last", "Whether the epoch's tail is left out (resolved).")
+    shuffle = _option("shuffle", "Whether each epoch is a new uniform permutation.")
     readahead = _option("readahead", "``readahead`` as given (an int, or ``'auto'``).")
     max_in_flight = _option("max_in_flight", "``max_in_flight`` as given (an int or ``'auto'``).")
     transform = _option("transform", "Applied to each converted batch, or ``None``.")
@@ -233,12 +241,14 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         return EpochPlan(
             num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed, epoch=epoch,
             world_size=world_size, drop_last=self.drop_last, start=start,
-            permutation_kind=self.permutation,
+            permutation_kind=self.permutation, shuffle=self.shuffle,
         )  # fmt: skip
 
     def __len__(self) -> int:
-        """Batches this rank yields in a whole epoch (the same on every rank)."""
-        return self.epoch_plan().batches_per_rank
+        """Batches this rank yields in a whole epoch (the same on every rank, but with
+        ``shuffle=False`` and ``drop_last=False``, where a rank may have one fewer)."""
+        rank, world_size = self._current_ranks()
+        return self._plan(self.epoch, 0, world_size).batches_of(rank)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop is: a small JSON-serializable dict (layout in
@@ -389,7 +399,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             f"columns={list(self.columns)}, version={self.version}, num_rows={self.num_rows}, "
             f"seed={self.seed}, epoch={self.epoch}, readahead={self.readahead!r}, "
             f"max_in_flight={self.max_in_flight!r}, coalesce={self.coalesce}, "
-            f"cache={self.cache!r}, drop_last={self.drop_last}, rank={self.rank}, "
+            f"cache={self.cache!r}, drop_last={self.drop_last}, "
+            + ("shuffle=False, " if not self.shuffle else "")
+            + f"rank={self.rank}, "
             f"world_size={self.world_size}, retry={self.retry!r}, io={self.io!r}, "
             f"storage_options={self._source.options_repr()})"
         )

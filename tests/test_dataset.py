@@ -423,3 +423,31 @@ def test_half_of_the_rank_environment_is_known_only_where_the_loader_is_used(
     monkeypatch.setenv("WORLD_SIZE", "2")  # now known: adopted
     assert (loader.rank, loader.world_size) == (1, 2)
     assert collect(loader) == expected_rank_ids(loader, rank=1)
+
+
+@pytest.mark.slow
+def test_the_sequential_mode_reads_every_row_once_across_ranks_and_workers(ids_1003):
+    """shuffle=False (drop_last then defaults to False): 3 ranks x 2 workers over 1,003 rows in
+    batches of 10: 101 global batches, ranks 0 and 1 get 34, rank 2 gets 33 (len() says so);
+    merged by position the rows come in dataset order, every row once, nothing padded; the
+    next epoch is the same."""
+    streams = []
+    for rank in range(3):
+        loader = PrefetchLoader(ids_1003, 10, columns=["id"], shuffle=False, rank=rank,
+                                world_size=3)  # fmt: skip
+        assert loader.drop_last is False and len(loader) == (33 if rank == 2 else 34)
+        stream = collect(loader, num_workers=2)
+        assert stream == expected_rank_ids(loader) and len(stream) == len(loader)
+        assert collect(loader, num_workers=2) == stream  # epoch 1: the same order
+        streams.append(stream)
+    merged = [streams[g % 3][g // 3] for g in range(101)]
+    assert sum(merged, []) == list(range(1003))
+    assert [len(b) for b in merged] == [10] * 100 + [3]
+    with pytest.raises(ValueError, match=r"^permutation='lazy' says how a shuffled epoch is held"):
+        PrefetchLoader(ids_1003, 10, shuffle=False, permutation="lazy")
+    loader.set_epoch(2)
+    state = loader.state_dict()
+    assert state["permutation"] == "identity" and state["format_version"] == 2
+    shuffled = PrefetchLoader(ids_1003, 10, columns=["id"], drop_last=False, rank=2, world_size=3)
+    with pytest.raises(ValueError, match=r"permutation is 'identity' in the state but 'array'"):
+        shuffled.load_state_dict(state)
