@@ -167,7 +167,9 @@ class LoaderConfig:
         if self.drop_last is None:  # full batches to train on; every row once to evaluate
             _set(self, "drop_last", self.shuffle)
         _set(self, "drop_last", check_bool("drop_last", self.drop_last))
-        _check_rank_pair(self.rank, self.world_size)
+        if _check_rank_pair(self.rank, self.world_size):
+            _set(self, "rank", int(self.rank))  # type: ignore[arg-type]
+            _set(self, "world_size", int(self.world_size))  # type: ignore[arg-type]
         check_callable("transform", self.transform)
         _check_retry(self.retry)
         check_choice("permutation", self.permutation, KINDS)
@@ -252,8 +254,9 @@ class MapDatasetConfig:
         ))  # fmt: skip
 
 
-def _check_rank_pair(rank: Any, world_size: Any) -> None:
-    """``rank`` and ``world_size`` together or neither; given, ``0 <= rank < world_size``."""
+def _check_rank_pair(rank: Any, world_size: Any) -> bool:
+    """``rank`` and ``world_size`` together or neither; given, ``0 <= rank < world_size``.
+    Whether they were given."""
     if (rank is None) != (world_size is None):
         raise ValueError(
             f"pass rank and world_size together (or neither, to detect them), but got "
@@ -261,6 +264,7 @@ def _check_rank_pair(rank: Any, world_size: Any) -> None:
         )
     if rank is not None:
         check_rank(rank, world_size)
+    return rank is not None
 
 
 def _check_retry(retry: Any) -> RetryPolicy | None:

