@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._coalesce import TARGET_ROWS, coalesce_size
+from ._device import Placement, check_placement
 from ._tuning import START_LEVEL, START_LEVEL_MEMORY, DepthTuner
 from ._validate import (
     check_bool,
@@ -107,7 +108,8 @@ class LoaderConfig:
 
     The fields are the loader's keyword arguments (see its docstring for each contract), with
     the units in two names: ``log_every_s`` is the loader's ``log_every``. :attr:`source_options`
-    is ``columns``, ``version``, ``storage_options`` and ``io`` as a :class:`SourceOptions`.
+    is ``columns``, ``version``, ``storage_options`` and ``io`` as a :class:`SourceOptions`;
+:attr:`placement` is ``pin_memory`` and ``device`` resolved.
 
     Raises:
         TypeError, ValueError: a field has the wrong type or value, or two fields contradict
@@ -136,7 +138,10 @@ class LoaderConfig:
     cache_bytes: int | None = None
     cache_dir: str | os.PathLike[str] | None = None
     max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES
+    pin_memory: bool = False
+    device: Any = None
     source_options: SourceOptions = field(init=False, repr=False, compare=False)
+    placement: Placement = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _set(self, "batch_size", check_int("batch_size", self.batch_size, minimum=1))
@@ -186,6 +191,7 @@ class LoaderConfig:
         if isinstance(self.readahead, int):
             coalesce_size(self.coalesce, self.batch_size, self.readahead)  # coalesce <= readahead
         check_folder("cache_dir", self.cache_dir)
+        _set(self, "placement", check_placement(self.pin_memory, self.device))
         _set(self, "source_options", SourceOptions(
             columns=self.columns, version=self.version,
             storage_options=self.storage_options, io=self.io,

@@ -19,6 +19,7 @@ from ._cache import with_cache
 from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, LoaderConfig
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade
+from ._frameworks import reads_every_rank
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
 from ._ranks import Ranks
@@ -32,6 +33,7 @@ from .state import check_state, make_state
 
 if TYPE_CHECKING:
     import lance
+    import torch
 
 __all__ = ["PrefetchLoader"]
 
@@ -96,6 +98,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             ahead. Default: 256 MiB.
         io (str, optional): ``"default"`` or ``"uring"`` (local files; falls back with a
             ``RuntimeWarning``). Default: ``None``, ``"uring"`` for a ``file+uring://`` URI.
+        pin_memory (bool, optional): pin each batch's tensors in the read threads (a
+            ``UserWarning`` and no pinning without an accelerator). Default: ``False``.
+        device (str | torch.device, optional): hand batches out on it, each copy issued with
+            ``non_blocking=True`` on a side stream one batch ahead; ``"cpu"``: as read. Not in
+            DataLoader workers (use ``DataLoader(pin_memory=True)`` there). Default: ``None``.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).
@@ -137,6 +144,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         cache_bytes: int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
+        pin_memory: bool = False,
+        device: str | torch.device | None = None,
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch._config.LoaderConfig`).
@@ -147,12 +156,14 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             storage_options=storage_options, version=version, transform=transform, retry=retry,
             permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
             cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
+            pin_memory=pin_memory, device=device,
         )  # fmt: skip
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
         self._counter: DeliveryCounter | None = None  # ... and how far it got
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
+        self._every_rank = False  # a DataLoader worker of Accelerate's dispatcher reads all
         self._iterators: weakref.WeakSet[LazyIteration] = weakref.WeakSet()
         lance_source = LanceSource(source, config.source_options)
         check_schema(lance_source.schema)
@@ -169,7 +180,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self.coalesce = resolved.coalesce
         #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.
         self.permutation = resolved.permutation
-        self._tuner = resolved.tuner
+        self._resolved = resolved  # with its tuner: one per loader copy
         self._plan(0, 0, self._ranks.value[1])  # raises for drop_last=True with too few rows
 
     batch_size = _option("batch_size", "Rows per batch.")
@@ -240,7 +251,10 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         """Batches this rank yields in a whole epoch (the same on every rank, but with
         ``shuffle=False`` and ``drop_last=False``, where a rank may have one fewer)."""
         rank, world_size = self._current_ranks()
-        return self._plan(self.epoch, 0, world_size).batches_of(rank)
+        plan = self._plan(self.epoch, 0, world_size)
+        if self._every_rank or reads_every_rank(self):
+            return plan.num_batches  # the dispatcher deals them out: it counts them all
+        return plan.batches_of(rank)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop is: a small JSON-serializable dict (:mod:`lance_prefetch.state`)
@@ -311,6 +325,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         (after ``break``).
 
         Raises:
+            ValueError: ``pin_memory`` or ``device`` in a DataLoader worker.
             RuntimeError: this process was forked from the one that built the loader (Lance is
                 not fork-safe; use ``multiprocessing_context="spawn"``).
             MemoryError, OSError, Exception: with ``cache=``, the fill (once per process, here):
@@ -319,10 +334,17 @@ class PrefetchLoader(SourceFacade, IterableDataset):
                 the iterator is then closed.
         """
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
+        if get_worker_info() is not None and self.config.placement.active:
+            raise ValueError(
+                "pin_memory and device apply where batches reach the training loop, not in "
+                "DataLoader workers: pass DataLoader(..., pin_memory=True) and move batches in the "
+                "loop, or leave num_workers=0"
+            )
         self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
         worker = get_worker_info()
         ident = self._control.identify(worker)  # at iter(): the workers' counts stay in step
-        iteration = LazyIteration(functools.partial(self._begin, worker, ident))
+        every_rank = self._every_rank or reads_every_rank(self)
+        iteration = LazyIteration(functools.partial(self._begin, worker, ident, every_rank))
         self._iterators.add(iteration)
         if worker is not None:
             # A DataLoader worker asks for batches as soon as its DataLoader iterator exists (and
@@ -331,23 +353,24 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             iteration.begin()
         return iteration
 
-    def _begin(self, worker: Any, ident: int) -> LoaderIterator:
-        """The first ``next()`` of an iteration: decide what it reads, start reading."""
+    def _begin(self, worker: Any, ident: int, every_rank: bool) -> LoaderIterator:
+        """The first ``next()`` of an iteration: decide what it reads, start reading (with
+        ``every_rank``, every rank's batches in global order, for Accelerate's dispatcher)."""
         rank, world_size = self._current_ranks()  # before anything is decided
         forced, skip = self._worker_resume or (None, 0)
         self._worker_resume = None
         end = end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
         decision = self._control.begin(ident, forced=forced, end=end)
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        self._counter = counter = DeliveryCounter(ident, decision, world_size=world_size,
+        self._counter = counter = DeliveryCounter(ident, decision,
+                                                  world_size=1 if every_rank else world_size,
                                                   worker_id=worker_id, num_workers=num_workers,
                                                   skip=skip)  # fmt: skip
         self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
         return start_iteration(
             self._source, self._plan(decision.epoch, decision.start, world_size), counter,
-            self._telemetry, rank=rank, coalesce=self.coalesce, readahead=self.readahead,
-            max_in_flight=self.max_in_flight, transform=self.transform, retry=self.retry,
-            log_every_s=self.log_every, tuner=self._tuner,
+            self._telemetry, rank=None if every_rank else rank, config=self.config,
+            resolved=self._resolved,
         )  # fmt: skip
 
     def stats(self) -> LoaderStats:
@@ -371,9 +394,10 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
         if multiprocessing.context.get_spawning_popen() is not None:
             self._current_ranks()  # DataLoader workers read the ranks this process has now
-        state = self.__dict__.copy()
+            state["_every_rank"] = self._every_rank or reads_every_rank(self)
         del state["_iterators"], state["_counter"], state["_telemetry"]  # this process's
         return state
 

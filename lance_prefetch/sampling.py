@@ -64,7 +64,8 @@ shorter than one round of the new ranks, which is dropped).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -324,13 +325,37 @@ class EpochPlan:
             )
         first = first_local(worker_id, num_workers, skip)
         locals_ = range(first, self.batches_of(rank), num_workers)
-        group = CHUNK_ROWS // self.batch_size  # lazy: several batches per vectorised pass
+        return self._at(self.start + local * self.world_size + rank for local in locals_)
+
+    def all_batches(
+        self, *, worker_id: int = 0, num_workers: int = 1, skip: int = 0
+    ) -> Iterator[PlannedBatch]:
+        """Every rank's batches in global order, ``start, start + 1, ...``, for one process that
+        reads for all ranks and deals the batches out itself (Accelerate's dispatching): worker
+        ``worker_id`` of ``num_workers`` takes the plan's batches ``j = worker_id (mod
+        num_workers)``, ``j >= skip``. Batch ``g`` is the one rank ``g % world_size`` would read.
+
+        Raises:
+            ValueError: ``worker_id`` is outside ``[0, num_workers)``.
+        """
+        num_workers = check_int("num_workers", num_workers, minimum=1)
+        worker_id = check_int("worker_id", worker_id, minimum=0)
+        skip = check_int("skip", skip, minimum=0)
+        if worker_id >= num_workers:
+            raise ValueError(
+                f"Invalid worker_id {worker_id}, it should be in the interval [0, {num_workers - 1}]"
+            )
+        first = first_local(worker_id, num_workers, skip)
+        return self._at(self.start + j for j in range(first, self.num_batches, num_workers))
+
+    def _at(self, positions: Iterable[int]) -> Iterator[PlannedBatch]:
+        """The global batches at ``positions``, lazily, in order (a lazy permutation computes
+        several in one vectorised pass)."""
+        group = CHUNK_ROWS // self.batch_size
         if self.permutation_kind != "lazy" or group <= 1:  # views, or ranges, per batch
-            for local in locals_:
-                yield self.batch(self.start + local * self.world_size + rank)
+            for position in positions:
+                yield self.batch(position)
             return
-        for i in range(0, len(locals_), group):
-            positions = [
-                self.start + local * self.world_size + rank for local in locals_[i : i + group]
-            ]
-            yield from self._batches(positions)
+        positions = iter(positions)
+        while chunk := list(itertools.islice(positions, group)):
+            yield from self._batches(chunk)
