@@ -65,7 +65,9 @@ def main() -> None:
 
     config = DataLoaderConfiguration(dispatch_batches=False) if args.no_dispatch else None
     accelerator = Accelerator(
-        gradient_accumulation_steps=args.accumulate, dataloader_config=config
+        cpu=not torch.cuda.is_available(),  # on CPUs: one process per rank, over gloo
+        gradient_accumulation_steps=args.accumulate,
+        dataloader_config=config,
     )
     if accelerator.is_main_process and not os.path.exists(args.uri):
         write_dataset(args.uri, args.rows)

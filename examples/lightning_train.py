@@ -2,15 +2,17 @@
 
     python examples/lightning_train.py --uri /tmp/pl.lance --strategy ddp --devices 2
     # resume from a checkpoint it saved (end of an epoch, or mid-epoch with --every-n-steps):
-    python examples/lightning_train.py --uri /tmp/pl.lance --resume /tmp/pl.lance.ckpt/last.ckpt
+    python examples/lightning_train.py --uri /tmp/pl.lance --resume /tmp/pl.lance.ckpt/end-epoch=0.ckpt
 
 What it shows (docs/frameworks.md explains each):
 - ``train_dataloader`` returns the bare ``PrefetchLoader``, built in ``setup()`` (or, with
   ``--build-in-init``, in the DataModule's ``__init__``, as ``ddp_spawn`` users often do): epoch
-  ``k`` of ``trainer.fit`` reads permutation ``k`` on each rank's share, no callback needed.
-- Lightning saves the loader's ``state_dict()`` in its checkpoints and loads it on resume: a run
-  resumed from an end-of-epoch or a mid-epoch checkpoint reads the batches the uninterrupted run
-  reads. ``--stateful`` wraps the loader in torchdata's ``StatefulDataLoader`` instead.
+  ``k`` of ``trainer.fit`` reads permutation ``k`` on each rank's share.
+- Lightning saves the loader's ``state_dict()`` in its checkpoints and loads it on a mid-epoch
+  resume; ``LoaderEpochs`` sets the epoch Lightning is at, which a run resumed from an
+  end-of-epoch checkpoint needs (Lightning loads no loader state there): either way it reads the
+  batches the uninterrupted run reads. ``--stateful`` wraps the loader in torchdata's
+  ``StatefulDataLoader`` instead.
 - Validation through ``shuffle=False``: every row once per pass across ranks, nothing padded;
   metrics are summed over ranks at the epoch's end (``sync_dist=True``), never per step (a rank
   may have one batch fewer).
@@ -33,6 +35,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
 from lance_prefetch import PrefetchLoader
+from lance_prefetch.lightning import LoaderEpochs
 
 FEATURES, CLASSES = 16, 4
 COLUMNS = ["id", "features", "label"]
@@ -116,6 +119,10 @@ class Classifier(L.LightningModule):
     def on_fit_end(self) -> None:
         if self.record:
             self.record.close()
+        if self.trainer.is_global_zero:
+            correct = int(self.trainer.callback_metrics["val_correct"])
+            print(f"done: epoch {self.current_epoch}, step {self.global_step}, "
+                  f"val_correct {correct}", flush=True)  # fmt: skip
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -140,20 +147,22 @@ def main() -> None:
         write_dataset(args.uri, args.rows)
 
     L.seed_everything(0, verbose=False)
-    checkpoints = ModelCheckpoint(
-        dirpath=args.checkpoints or args.uri.rstrip("/") + ".ckpt",
-        filename="{epoch}-{step}",
-        save_top_k=-1,  # keep every checkpoint
-        every_n_train_steps=args.every_n_steps,
-        save_on_train_epoch_end=True,
-        save_last=True,
-    )
+    folder = args.checkpoints or args.uri.rstrip("/") + ".ckpt"
+    # at the end of every epoch (end-<epoch>.ckpt), and every --every-n-steps steps
+    callbacks = [
+        LoaderEpochs(),  # epoch k reads permutation k, also after an end-of-epoch checkpoint
+        ModelCheckpoint(dirpath=folder, filename="end-{epoch}", save_top_k=-1,
+                        save_on_train_epoch_end=True),
+    ]  # fmt: skip
+    if args.every_n_steps:
+        callbacks.append(ModelCheckpoint(dirpath=folder, filename="step-{step}", save_top_k=-1,
+                                         every_n_train_steps=args.every_n_steps))  # fmt: skip
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,
         strategy=args.strategy,
         max_epochs=args.epochs,
-        callbacks=[checkpoints],
+        callbacks=callbacks,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -162,9 +171,6 @@ def main() -> None:
     data = LanceData(args.uri, args.batch_size, build_in_init=args.build_in_init,
                      stateful=args.stateful)  # fmt: skip
     trainer.fit(Classifier(args.record), datamodule=data, ckpt_path=args.resume)
-    if trainer.is_global_zero:
-        print(f"done: epoch {trainer.current_epoch}, step {trainer.global_step}, "
-              f"val_correct {int(trainer.callback_metrics['val_correct'])}")  # fmt: skip
 
 
 if __name__ == "__main__":

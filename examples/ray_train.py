@@ -4,7 +4,7 @@
 
 What it shows (docs/frameworks.md explains each):
 - A ``PrefetchLoader`` built in the driver and passed in ``train_loop_config`` (or built inside
-  the train loop, ``--build-in-loop``) reads, in each Ray Train worker, the share of the rank
+  the train loop, ``--build loop``) reads, in each Ray Train worker, the share of the rank
   that worker has: ranks are read where the loader reads, from the process group Ray sets up.
 - Rank 0 saves ``loader.state_dict()`` with the model in the checkpoint it reports through
   ``ray.train.report(checkpoint=...)``; a run restored from it (the same run name and storage
@@ -115,7 +115,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=10)
     parser.add_argument("--stop-after", type=int, default=67, help="steps of the first run")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps")
-    parser.add_argument("--build-in-loop", action="store_true", help="not in the driver")
+    parser.add_argument(
+        "--build",
+        choices=["driver", "loop", "both"],
+        default="driver",
+        help="where the loader is built; both: the driver, then the loop",
+    )
     parser.add_argument("--record", default=None, help="append each step's ids here ({rank})")
     args = parser.parse_args()
     if not os.path.exists(args.uri):
@@ -124,12 +129,16 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     config = {"uri": args.uri, "batch_size": args.batch_size, "epochs": args.epochs,
               "checkpoint_every": args.checkpoint_every, "record": args.record}  # fmt: skip
-    if not args.build_in_loop:  # pickled to each worker; ranks are read there
-        config["loader"] = PrefetchLoader(args.uri, args.batch_size, columns=COLUMNS, seed=0)
     run = RunConfig(name="lance-prefetch-example", storage_path=os.path.abspath(args.storage))
     scaling = ScalingConfig(num_workers=2, use_gpu=False)
-    for stop_after in (args.stop_after, None):  # interrupted, then restored from its checkpoint
-        result = TorchTrainer(train_loop, train_loop_config={**config, "stop_after": stop_after},
+    builds = {"driver": ("driver", "driver"), "loop": ("loop", "loop"), "both": ("driver", "loop")}
+    # interrupted, then restored from its checkpoint
+    for stop_after, build in zip((args.stop_after, None), builds[args.build], strict=True):
+        loop_config = {**config, "stop_after": stop_after}
+        if build == "driver":  # pickled to each worker; ranks are read there
+            loop_config["loader"] = PrefetchLoader(args.uri, args.batch_size, columns=COLUMNS,
+                                                   seed=0)  # fmt: skip
+        result = TorchTrainer(train_loop, train_loop_config=loop_config,
                               scaling_config=scaling, run_config=run).fit()  # fmt: skip
         print(f"run ended at step {result.metrics['step']}, checkpoint {result.checkpoint.path}")
     ray.shutdown()

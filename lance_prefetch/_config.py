@@ -109,12 +109,13 @@ class LoaderConfig:
     The fields are the loader's keyword arguments (see its docstring for each contract), with
     the units in two names: ``log_every_s`` is the loader's ``log_every``. :attr:`source_options`
     is ``columns``, ``version``, ``storage_options`` and ``io`` as a :class:`SourceOptions`;
-:attr:`placement` is ``pin_memory`` and ``device`` resolved.
+    :attr:`placement` is ``pin_memory`` and ``device`` resolved.
 
     Raises:
         TypeError, ValueError: a field has the wrong type or value, or two fields contradict
             each other (``max_in_flight > readahead``, ``coalesce > readahead``, ``cache_bytes``
-            or ``cache_dir`` without their cache, ``rank`` without ``world_size``).
+            or ``cache_dir`` without their cache, ``rank`` without ``world_size``, ``device``
+            unavailable).
     """
 
     batch_size: int

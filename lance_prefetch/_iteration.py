@@ -60,8 +60,9 @@ class BatchReader:
         transform: Callable[[dict[str, Any]], Any] | None,
         retry: RetryPolicy | None,
         telemetry: Telemetry,
-        placement: Placement = Placement(),
+        placement: Placement | None = None,
     ) -> None:
+        placement = Placement() if placement is None else placement
         self._source, self._epoch, self._transform = source, epoch, transform
         self._retry, self._telemetry, self._placement = retry, telemetry, placement
 

@@ -147,7 +147,9 @@ class EpochPlan:
         check_bool("drop_last", self.drop_last)
         check_int("start", self.start, minimum=0)
         check_bool("shuffle", self.shuffle)
-        kind = "identity" if not self.shuffle else resolve_kind(self.permutation_kind, self.num_rows)
+        kind = (
+            "identity" if not self.shuffle else resolve_kind(self.permutation_kind, self.num_rows)
+        )
         object.__setattr__(self, "permutation_kind", kind)  # frozen: set once, resolved
         if self.drop_last and self.start == 0 and self.num_rows < self.rows_per_round:
             raise ValueError(

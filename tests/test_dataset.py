@@ -22,6 +22,7 @@ from support.helpers import (
     stopping,
     wait_until,
 )
+from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
 from lance_prefetch._source import LanceSource
@@ -327,7 +328,6 @@ def test_open_lance_dataset_as_source(ids_1003):
 @pytest.mark.filterwarnings("ignore:lance is not fork-safe")
 def test_forked_dataloader_workers_fail_at_once_naming_spawn(ids_1003):
     """The Linux default start method (fork) gives a clear error, never a crash or a hang."""
-    from torch.utils.data import DataLoader
 
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     collect(loader)  # the parent has read (and opened Lance) before forking
@@ -342,7 +342,6 @@ def test_forked_dataloader_workers_fail_at_once_naming_spawn(ids_1003):
 @pytest.mark.slow
 def test_batch_load_error_crosses_dataloader_workers(ids_1003, tmp_path):
     """A failure in a spawn worker is re-raised in the main process as a BatchLoadError."""
-    from torch.utils.data import DataLoader
 
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], transform=failing_transform)
     data = DataLoader(loader, batch_size=None, num_workers=1, multiprocessing_context=WORKERS)
@@ -436,9 +435,12 @@ def test_the_sequential_mode_reads_every_row_once_across_ranks_and_workers(ids_1
         loader = PrefetchLoader(ids_1003, 10, columns=["id"], shuffle=False, rank=rank,
                                 world_size=3)  # fmt: skip
         assert loader.drop_last is False and len(loader) == (33 if rank == 2 else 34)
-        stream = collect(loader, num_workers=2)
+        data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS,
+                          persistent_workers=True)  # fmt: skip
+        stream = batch_ids(data)
         assert stream == expected_rank_ids(loader) and len(stream) == len(loader)
-        assert collect(loader, num_workers=2) == stream  # epoch 1: the same order
+        assert batch_ids(data) == stream  # epoch 1: the same order
+        del data
         streams.append(stream)
     merged = [streams[g % 3][g // 3] for g in range(101)]
     assert sum(merged, []) == list(range(1003))

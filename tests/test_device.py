@@ -11,11 +11,11 @@ import warnings
 
 import pytest
 import torch
+from support.helpers import WORKERS
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
 from lance_prefetch._device import DeviceFeed, Placement, check_placement, to_device
-from support.helpers import WORKERS
 
 
 def test_options_are_checked_before_any_io():
