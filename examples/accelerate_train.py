@@ -51,7 +51,7 @@ def write_dataset(uri: str, num_rows: int) -> None:
     lance.write_dataset(table, uri, max_rows_per_file=400)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uri", required=True, help="Lance dataset (created if missing)")
     parser.add_argument("--rows", type=int, default=1003, help="rows of a created dataset")
@@ -61,7 +61,11 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=2, help="batches per optimizer step")
     parser.add_argument("--no-dispatch", action="store_true", help="dispatch_batches=False")
     parser.add_argument("--record", default=None, help="write each step's ids here ({rank})")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def train(args: argparse.Namespace) -> None:
+    """Train as the arguments say (see ``--help``)."""
 
     config = DataLoaderConfiguration(dispatch_batches=False) if args.no_dispatch else None
     accelerator = Accelerator(
@@ -83,6 +87,7 @@ def main() -> None:
         batch_size=None,  # the loader makes the batches
         num_workers=args.num_workers,
         multiprocessing_context="spawn" if args.num_workers else None,
+        persistent_workers=args.num_workers > 0,
     )
     model, optimizer, data = accelerator.prepare(model, optimizer, data)
     record = open(args.record.format(rank=accelerator.process_index), "w") if args.record else None
@@ -101,12 +106,12 @@ def main() -> None:
                 record.write(json.dumps({"epoch": epoch, "ids": ids}) + "\n")
         total_loss = accelerator.reduce(total_loss, reduction="sum")
         if accelerator.is_main_process:
-            print(f"epoch {epoch}: {steps} steps per process, len {len(data)}, "
+            print(f"epoch {epoch}: {steps} steps per process, len {len(data)} "
+                  f"({type(data).__name__}), "
                   f"mean loss {total_loss.item() / (steps * accelerator.num_processes):.3f}")  # fmt: skip
     if record:
         record.close()
-    accelerator.end_training()
 
 
 if __name__ == "__main__":
-    main()
+    train(parse_args())

@@ -128,7 +128,7 @@ class Classifier(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uri", required=True, help="Lance dataset (created if missing)")
     parser.add_argument("--rows", type=int, default=1003, help="rows of a created dataset")
@@ -142,7 +142,11 @@ def main() -> None:
     parser.add_argument("--every-n-steps", type=int, default=None, help="also save mid-epoch")
     parser.add_argument("--resume", default=None, help="a checkpoint to resume from")
     parser.add_argument("--record", default=None, help="append each batch's ids here ({rank})")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def fit(args: argparse.Namespace) -> None:
+    """One ``trainer.fit`` as the arguments say (see ``--help``)."""
     if not os.path.exists(args.uri) and os.environ.get("LOCAL_RANK", "0") == "0":
         write_dataset(args.uri, args.rows)
 
@@ -174,4 +178,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    fit(parse_args())

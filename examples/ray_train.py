@@ -7,11 +7,12 @@ What it shows (docs/frameworks.md explains each):
   the train loop, ``--build loop``) reads, in each Ray Train worker, the share of the rank
   that worker has: ranks are read where the loader reads, from the process group Ray sets up.
 - Rank 0 saves ``loader.state_dict()`` with the model in the checkpoint it reports through
-  ``ray.train.report(checkpoint=...)``; a run restored from it (the same run name and storage
-  path: ``ray.train.get_checkpoint()``) reads the batches the uninterrupted run would have.
+  ``ray.train.report(checkpoint=...)``; an attempt restarted from it (``ray.train.get_checkpoint()``:
+  after a failure, with ``FailureConfig(max_failures=...)``, or a run started again with the same
+  name and storage path) reads the batches the uninterrupted run would have.
 
-The first run stops after ``--stop-after`` steps (a stand-in for a failure), the second is
-restored from its last checkpoint and finishes, both on one local Ray cluster.
+The first attempt fails after ``--stop-after`` steps (a stand-in for a lost worker); Ray Train
+restarts the workers, which resume from the checkpoint reported at that step and finish.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pyarrow as pa
 import ray
 import ray.train
 import torch
-from ray.train import Checkpoint, RunConfig, ScalingConfig
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer, prepare_model
 from torch import nn
 
@@ -57,14 +58,14 @@ def write_dataset(uri: str, num_rows: int) -> None:
 def train_loop(config: dict) -> None:
     """One Ray Train worker: resume from the run's checkpoint if there is one, train, report."""
     rank = ray.train.get_context().get_world_rank()
-    loader = config.get("loader") or PrefetchLoader(
-        config["uri"], config["batch_size"], columns=COLUMNS, seed=0
-    )
+    checkpoint = ray.train.get_checkpoint()  # a restarted attempt: the latest one reported
+    loader = config.get("loader")  # built in the driver, pickled into this worker
+    if loader is None or (checkpoint and config["build"] == "both"):
+        loader = PrefetchLoader(config["uri"], config["batch_size"], columns=COLUMNS, seed=0)
     torch.manual_seed(0)
     model = prepare_model(nn.Linear(FEATURES, CLASSES))  # DistributedDataParallel over gloo
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     step, first_epoch = 0, 0
-    checkpoint = ray.train.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as folder:
             saved = torch.load(Path(folder) / "state.pt", weights_only=False)
@@ -86,8 +87,8 @@ def train_loop(config: dict) -> None:
                 record.flush()
             if step % config["checkpoint_every"] == 0 or step == config.get("stop_after"):
                 report(loader, model, optimizer, step, rank, loss.item())
-            if step == config.get("stop_after"):
-                return  # a stand-in for a failure: the next run resumes from the checkpoint
+            if step == config.get("stop_after") and not checkpoint:
+                raise RuntimeError(f"a stand-in failure at step {step}")  # Ray Train restarts
     if record:
         record.close()
 
@@ -113,7 +114,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1003, help="rows of a created dataset")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=10)
-    parser.add_argument("--stop-after", type=int, default=67, help="steps of the first run")
+    parser.add_argument("--stop-after", type=int, default=67, help="fail once after N steps")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps")
     parser.add_argument(
         "--build",
@@ -128,19 +129,16 @@ def main() -> None:
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     config = {"uri": args.uri, "batch_size": args.batch_size, "epochs": args.epochs,
-              "checkpoint_every": args.checkpoint_every, "record": args.record}  # fmt: skip
-    run = RunConfig(name="lance-prefetch-example", storage_path=os.path.abspath(args.storage))
-    scaling = ScalingConfig(num_workers=2, use_gpu=False)
-    builds = {"driver": ("driver", "driver"), "loop": ("loop", "loop"), "both": ("driver", "loop")}
-    # interrupted, then restored from its checkpoint
-    for stop_after, build in zip((args.stop_after, None), builds[args.build], strict=True):
-        loop_config = {**config, "stop_after": stop_after}
-        if build == "driver":  # pickled to each worker; ranks are read there
-            loop_config["loader"] = PrefetchLoader(args.uri, args.batch_size, columns=COLUMNS,
-                                                   seed=0)  # fmt: skip
-        result = TorchTrainer(train_loop, train_loop_config=loop_config,
-                              scaling_config=scaling, run_config=run).fit()  # fmt: skip
-        print(f"run ended at step {result.metrics['step']}, checkpoint {result.checkpoint.path}")
+              "checkpoint_every": args.checkpoint_every, "record": args.record,
+              "stop_after": args.stop_after, "build": args.build}  # fmt: skip
+    if args.build != "loop":  # pickled to each worker; ranks are read there
+        config["loader"] = PrefetchLoader(args.uri, args.batch_size, columns=COLUMNS, seed=0)
+    run = RunConfig(name="lance-prefetch-example", storage_path=os.path.abspath(args.storage),
+                    failure_config=FailureConfig(max_failures=1))  # fmt: skip
+    result = TorchTrainer(train_loop, train_loop_config=config,
+                          scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+                          run_config=run).fit()  # fmt: skip
+    print(f"run ended at step {result.metrics['step']}, checkpoint {result.checkpoint.path}")
     ray.shutdown()
 
 

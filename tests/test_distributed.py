@@ -47,6 +47,7 @@ def expected(uri: str, epoch: int, rank: int, world_size: int, start: int = 0) -
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_torchrun_two_ranks_with_spawn_workers(tmp_path):
     """Acceptance 1: 2 ranks x 2 spawn workers, 2 epochs over 1,003 rows, batch 10: per epoch every
     id once over the ranks (but the 3-row tail), the same steps on both ranks, exit 0."""
@@ -63,6 +64,7 @@ def test_torchrun_two_ranks_with_spawn_workers(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_torchrun_job_interrupted_mid_epoch_resumes_on_three_ranks(tmp_path):
     """Stopped after 67 steps (epoch 1, batch 17) on 2 ranks; resumed on 3 ranks (no DataLoader
     workers here: the test above has them, and test_resume.py resumes StatefulDataLoader workers):
