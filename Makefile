@@ -12,7 +12,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,demo,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,demo,bench,frameworks]'
 	touch $(STAMP)
 
 # `lance-prefetch bench --local-s3` (and its test) serves object reads with nginx: install

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._coalesce import TARGET_ROWS, coalesce_size
+from ._device import Placement, check_placement
 from ._tuning import START_LEVEL, START_LEVEL_MEMORY, DepthTuner
 from ._validate import (
     check_bool,
@@ -91,7 +92,7 @@ class Resolved:
 
     Attributes:
         coalesce (int): batches read by one ``take``.
-        permutation (str): ``"array"`` or ``"lazy"``.
+        permutation (str): ``"array"``, ``"lazy"`` or ``"identity"`` (``shuffle=False``).
         tuner (DepthTuner | None): the self-tuner with ``readahead``/``max_in_flight="auto"``
             (it learns while reading: one per loader copy), else ``None``.
     """
@@ -107,12 +108,14 @@ class LoaderConfig:
 
     The fields are the loader's keyword arguments (see its docstring for each contract), with
     the units in two names: ``log_every_s`` is the loader's ``log_every``. :attr:`source_options`
-    is ``columns``, ``version``, ``storage_options`` and ``io`` as a :class:`SourceOptions`.
+    is ``columns``, ``version``, ``storage_options`` and ``io`` as a :class:`SourceOptions`;
+    :attr:`placement` is ``pin_memory`` and ``device`` resolved.
 
     Raises:
         TypeError, ValueError: a field has the wrong type or value, or two fields contradict
             each other (``max_in_flight > readahead``, ``coalesce > readahead``, ``cache_bytes``
-            or ``cache_dir`` without their cache, ``rank`` without ``world_size``).
+            or ``cache_dir`` without their cache, ``rank`` without ``world_size``, ``device``
+            unavailable).
     """
 
     batch_size: int
@@ -120,7 +123,8 @@ class LoaderConfig:
     seed: int = 0
     readahead: int | str = 8
     max_in_flight: int | str = 4
-    drop_last: bool = True
+    drop_last: bool | None = None
+    shuffle: bool = True
     rank: int | None = None
     world_size: int | None = None
     storage_options: Mapping[str, str] | None = None
@@ -135,7 +139,10 @@ class LoaderConfig:
     cache_bytes: int | None = None
     cache_dir: str | os.PathLike[str] | None = None
     max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES
+    pin_memory: bool = False
+    device: Any = None
     source_options: SourceOptions = field(init=False, repr=False, compare=False)
+    placement: Placement = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _set(self, "batch_size", check_int("batch_size", self.batch_size, minimum=1))
@@ -162,11 +169,21 @@ class LoaderConfig:
                 f"cache_dir applies to cache='disk' only, but cache={self.cache!r}; pass "
                 f"cache='disk' or leave cache_dir out"
             )
+        _set(self, "shuffle", check_bool("shuffle", self.shuffle))
+        if self.drop_last is None:  # full batches to train on; every row once to evaluate
+            _set(self, "drop_last", self.shuffle)
         _set(self, "drop_last", check_bool("drop_last", self.drop_last))
-        _check_rank_pair(self.rank, self.world_size)
+        if _check_rank_pair(self.rank, self.world_size):
+            _set(self, "rank", int(self.rank))  # type: ignore[arg-type]
+            _set(self, "world_size", int(self.world_size))  # type: ignore[arg-type]
         check_callable("transform", self.transform)
         _check_retry(self.retry)
         check_choice("permutation", self.permutation, KINDS)
+        if not self.shuffle and self.permutation != "auto":
+            raise ValueError(
+                f"permutation={self.permutation!r} says how a shuffled epoch is held, but "
+                f"shuffle=False reads the dataset's own order; leave permutation out"
+            )
         _set(self, "log_every_s", check_seconds("log_every", self.log_every_s, positive=True,
                                                 none_means="no logging"))  # fmt: skip
         _set(self, "coalesce", check_int_or_auto(
@@ -175,6 +192,7 @@ class LoaderConfig:
         if isinstance(self.readahead, int):
             coalesce_size(self.coalesce, self.batch_size, self.readahead)  # coalesce <= readahead
         check_folder("cache_dir", self.cache_dir)
+        _set(self, "placement", check_placement(self.pin_memory, self.device))
         _set(self, "source_options", SourceOptions(
             columns=self.columns, version=self.version,
             storage_options=self.storage_options, io=self.io,
@@ -205,7 +223,8 @@ class LoaderConfig:
                 batch_size=self.batch_size,
                 level=START_LEVEL_MEMORY if self.cache == "memory" else START_LEVEL,
             )
-        return Resolved(coalesce, resolve_kind(self.permutation, num_rows), tuner)
+        permutation = resolve_kind(self.permutation, num_rows) if self.shuffle else "identity"
+        return Resolved(coalesce, permutation, tuner)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,8 +261,9 @@ class MapDatasetConfig:
         ))  # fmt: skip
 
 
-def _check_rank_pair(rank: Any, world_size: Any) -> None:
-    """``rank`` and ``world_size`` together or neither; given, ``0 <= rank < world_size``."""
+def _check_rank_pair(rank: Any, world_size: Any) -> bool:
+    """``rank`` and ``world_size`` together or neither; given, ``0 <= rank < world_size``.
+    Whether they were given."""
     if (rank is None) != (world_size is None):
         raise ValueError(
             f"pass rank and world_size together (or neither, to detect them), but got "
@@ -251,6 +271,7 @@ def _check_rank_pair(rank: Any, world_size: Any) -> None:
         )
     if rank is not None:
         check_rank(rank, world_size)
+    return rank is not None
 
 
 def _check_retry(retry: Any) -> RetryPolicy | None:

@@ -10,8 +10,12 @@ The rules
 ---------
 1. ``set_epoch(e)`` (in any process, normally the main one) selects epoch ``e`` for the next
    iteration, read from its start; or from the position a state loaded for epoch ``e`` points to.
-2. ``load_state_dict`` selects the state's epoch and position for the next iteration (a state
-   saved after the epoch's last batch leaves nothing of it: that iteration is empty).
+2. ``load_state_dict`` selects the state's epoch and position for the next iteration. A state
+   saved after its epoch's last batch has nothing left of that epoch: the next iteration reads
+   the epoch after it, from its start (as a framework resuming from an end-of-epoch checkpoint
+   expects), unless ``set_epoch`` asked for the state's epoch since the last iteration began,
+   before or after the load (then that iteration is empty: the loop asked for the finished
+   epoch).
 3. Otherwise a new iteration reads the epoch after the previous iteration's, from its start, so
    epochs never silently repeat.
 
@@ -33,11 +37,13 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import os
 import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.utils.data import get_worker_info
 
 from ._positions import Decision
 
@@ -53,15 +59,17 @@ MAX_EPOCH = 2**62
 EPOCH = 0  # epoch selected or last decided
 START = 1  # pending start position from load_state_dict, or -1 for none
 ADVANCE = 2  # 1: an iteration began since the last set_epoch/load, so the next one moves on
-NEXT_SLOT = 3  # where the next decision is recorded
-SLOTS = 4  # then SLOT_COUNT decisions of (ident, epoch, start), a ring
+LOADED = 3  # 1: START came from load_state_dict, and set_epoch did not ask for that epoch
+ASKED = 4  # 1: set_epoch was called since the last iteration began
+NEXT_SLOT = 5  # where the next decision is recorded
+SLOTS = 6  # then SLOT_COUNT decisions of (ident, epoch, start), a ring
 SLOT_COUNT = 32
 _NUM_FIELDS = SLOTS + 3 * SLOT_COUNT
 _IDENT_MASK = (1 << 62) - 1
 
 
 def begin(
-    block: Sequence[int], ident: int, forced: Decision | None = None
+    block: Sequence[int], ident: int, forced: Decision | None = None, *, end: int | None = None
 ) -> tuple[list[int], Decision]:
     """Apply the module's rules: the shared block after an iteration starts, and what it reads.
 
@@ -70,6 +78,9 @@ def begin(
         ident (int): the iteration's identity, ``> 0``; equal for all workers of one iteration.
         forced (Decision, optional): a worker resuming from its own saved state reads this instead
             (it is recorded so later iterations move on from it).
+        end (int, optional): the position that ends an epoch
+            (:func:`~lance_prefetch._positions.end_position`), for rule 2. Default: ``None``, a
+            loaded start is read as it is.
 
     Returns:
         ``(new_block, decision)``.
@@ -82,9 +93,11 @@ def begin(
         decision = forced
     elif new[ADVANCE]:
         decision = Decision(new[EPOCH] + 1, 0)
+    elif new[LOADED] and end is not None and new[START] >= end:  # a finished epoch was loaded
+        decision = Decision(new[EPOCH] + 1, 0)
     else:
         decision = Decision(new[EPOCH], max(new[START], 0))
-    new[EPOCH], new[START], new[ADVANCE] = decision.epoch, -1, 1
+    new[EPOCH], new[START], new[ADVANCE], new[LOADED], new[ASKED] = decision.epoch, -1, 1, 0, 0
     slot = SLOTS + 3 * new[NEXT_SLOT]
     new[slot : slot + 3] = [ident, *decision]
     new[NEXT_SLOT] = (new[NEXT_SLOT] + 1) % SLOT_COUNT
@@ -110,7 +123,9 @@ class EpochControl:
     Pickled while a process is being spawned (a DataLoader starting its workers), the copy shares
     this one's memory and lock, and gets the next pickling number (the token of
     :meth:`identify`); pickled any other way (``copy.deepcopy``, ``pickle.dumps``) it is an
-    independent snapshot.
+    independent snapshot. A shared copy used in a spawned process that is not a DataLoader worker
+    (a rank started by ``torch.multiprocessing.spawn``, as Lightning's ``ddp_spawn`` does) detaches
+    there into a snapshot of its own: ranks never share one epoch state.
 
     Args:
         epoch (int, optional): the first epoch. Default: ``0``.
@@ -124,6 +139,7 @@ class EpochControl:
         self._lock = multiprocessing.get_context("spawn").Lock()
         self._spawned = 0  # times pickled for a new process; in a copy, its own number
         self._iterations = 0  # iterations this copy has started
+        self._home = os.getpid()  # the process whose block this is (workers share it)
 
     # -- commands --------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -131,12 +147,15 @@ class EpochControl:
         with self._locked() as block:
             if not (block[START] >= 0 and block[EPOCH] == epoch):
                 block[START] = -1
-            block[EPOCH], block[ADVANCE] = epoch, 0
+            block[EPOCH], block[ADVANCE], block[LOADED], block[ASKED] = epoch, 0, 0, 1
 
     def load(self, epoch: int, position: int) -> None:
-        """Rule 2: the next iteration reads ``epoch`` from ``position``."""
+        """Rule 2: the next iteration reads ``epoch`` from ``position`` (or, once that epoch is
+        over, the next epoch)."""
         with self._locked() as block:
+            asked = block[ASKED] and block[EPOCH] == epoch and block[ADVANCE] == 0
             block[EPOCH], block[START], block[ADVANCE] = epoch, position, 0
+            block[LOADED] = 0 if asked else 1
 
     def identify(self, worker: Any) -> int:
         """Count a new iteration of this copy and return its identity: in DataLoader worker
@@ -149,10 +168,12 @@ class EpochControl:
         token = (self._spawned or worker.seed) - worker.id
         return iteration_ident(token, self._iterations, worker.num_workers)
 
-    def begin(self, ident: int, forced: Decision | None = None) -> Decision:
+    def begin(
+        self, ident: int, forced: Decision | None = None, *, end: int | None = None
+    ) -> Decision:
         """Start an iteration: decide (or join the decision of) what it reads. See :func:`begin`."""
         with self._locked() as block:
-            new, decision = begin(block, ident, forced)
+            new, decision = begin(block, ident, forced, end=end)
             block[:] = new
         return decision
 
@@ -160,11 +181,14 @@ class EpochControl:
     @property
     def epoch(self) -> int:
         """The running or most recent iteration's epoch, or the next one's once selected."""
+        self._attach()
         return int(self._block[EPOCH])
 
     def pending(self) -> Decision | None:
         """What the next iteration reads if it was selected (set_epoch, load_state_dict, or a new
-        loader) rather than left to rule 3; else ``None``."""
+        loader) rather than left to rule 3; else ``None``. A loaded finished epoch is reported as
+        it was loaded (its end)."""
+        self._attach()
         epoch, start, advance = self._block[:3].tolist()
         if advance == 0:
             return Decision(epoch, max(start, 0))
@@ -172,21 +196,31 @@ class EpochControl:
 
     def decided_by(self, ident: int) -> bool:
         """Whether the latest decision is the one of the iteration identified by ``ident``."""
+        self._attach()
         block = self._block.tolist()
         latest = SLOTS + 3 * ((block[NEXT_SLOT] - 1) % SLOT_COUNT)
         return block[latest] == ident
 
     # -- internals -------------------------------------------------------------------------------
     def _locked(self) -> _Locked:
+        self._attach()
         return _Locked(self)
+
+    def _attach(self) -> None:
+        """Detach a shared copy in a process that is not one of its owner's DataLoader workers."""
+        if os.getpid() != self._home and get_worker_info() is None:
+            self._block = self._block.clone()
+            self._block.share_memory_()
+            self._lock = multiprocessing.get_context("spawn").Lock()
+            self._home = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         if multiprocessing.context.get_spawning_popen() is not None:
             self._spawned += 1  # shared with the new process, which gets the next number
             return {"block": self._block, "lock": self._lock, "spawned": self._spawned,
-                    "iterations": 0}  # fmt: skip
+                    "iterations": 0, "home": self._home}  # fmt: skip
         return {"block": self._block.clone(), "lock": None, "spawned": self._spawned,
-                "iterations": self._iterations}  # fmt: skip
+                "iterations": self._iterations, "home": None}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._block = state["block"]
@@ -194,8 +228,9 @@ class EpochControl:
         if state["lock"] is None:
             self._block.share_memory_()
             self._lock = multiprocessing.get_context("spawn").Lock()
+            self._home = os.getpid()
         else:
-            self._lock = state["lock"]
+            self._lock, self._home = state["lock"], state["home"]
 
     def __repr__(self) -> str:
         epoch, start, advance = self._block[:3].tolist()

@@ -21,10 +21,12 @@ from typing import Any
 
 from ._blocking import BlockingPrefetcher
 from ._coalesce import Group, groups, split
+from ._config import LoaderConfig, Resolved
+from ._device import DeviceFeed, Placement
 from ._errors import BatchLoadError
 from ._exit_guard import native_call
 from ._positions import DeliveryCounter
-from ._prefetcher import FetchError, Prefetcher
+from ._prefetcher import FetchError, Prefetcher, PrefetchStatistics
 from ._source import RowSource
 from ._storage import redact_uri
 from ._telemetry import Telemetry
@@ -33,7 +35,7 @@ from .convert import to_tensors
 from .retry import RetryPolicy
 from .sampling import EpochPlan, PlannedBatch
 
-__all__ = ["BatchReader", "LoaderIterator", "start_iteration"]
+__all__ = ["BatchReader", "LazyIteration", "LoaderIterator", "start_iteration"]
 
 _stats_logger = logging.getLogger("lance_prefetch.stats")
 
@@ -47,6 +49,7 @@ class BatchReader:
         transform (Callable, optional): applied to each converted batch.
         retry (RetryPolicy, optional): the policy the reads are retried by (for error messages).
         telemetry (Telemetry): where each take is recorded.
+        placement (Placement): pins each batch after ``transform`` (``pin_memory=True``).
     """
 
     def __init__(
@@ -57,9 +60,11 @@ class BatchReader:
         transform: Callable[[dict[str, Any]], Any] | None,
         retry: RetryPolicy | None,
         telemetry: Telemetry,
+        placement: Placement | None = None,
     ) -> None:
+        placement = Placement() if placement is None else placement
         self._source, self._epoch, self._transform = source, epoch, transform
-        self._retry, self._telemetry = retry, telemetry
+        self._retry, self._telemetry, self._placement = retry, telemetry, placement
 
     def read(self, group: Group) -> Any:
         """The rows of a group of batches, read with one ``take`` (in a worker thread; retried
@@ -82,6 +87,7 @@ class BatchReader:
                 with native_call(lance=False):  # a transform may run native code (torch)
                     tensors = to_tensors(piece)
                     converted = tensors if self._transform is None else self._transform(tensors)
+                    converted = self._placement.pin(converted)
             except Exception as exc:
                 error = self._error(batch, exc, "in conversion or transform")
                 error.__cause__ = exc
@@ -137,6 +143,9 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         telemetry (Telemetry): this iteration's counters.
         log_every_s (float, optional): log the telemetry every this many seconds.
         tuner (DepthTuner, optional): with ``readahead="auto"``, observed at every batch.
+        device (torch.device, optional): hand batches out on it, each copy issued one batch
+            ahead (:class:`~lance_prefetch._device.DeviceFeed`); a batch counts as delivered
+            when handed out.
     """
 
     def __init__(
@@ -148,6 +157,7 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         telemetry: Telemetry,
         log_every_s: float | None,
         tuner: DepthTuner | None,
+        device: Any = None,
     ) -> None:
         # Set before the prefetcher starts: a Ctrl-C held back during its start is raised at the
         # end of super().__init__(), and close() (run by garbage collection) needs them.
@@ -158,10 +168,22 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         self._tuner = tuner
         self._next_log = None if log_every_s is None else telemetry.started + log_every_s
         self._pending: collections.deque[Any] = collections.deque()  # the rest of a group
+        self._feed = None if device is None else DeviceFeed(device, self._receive, self._count)
         super().__init__(prefetcher)
         telemetry.attach(_counters_of(weakref.ref(self)))  # weak: the loader keeps telemetry
 
     def __next__(self) -> Any:
+        if self._feed is not None:
+            return self._feed.next()
+        item = self._receive()
+        self._count()
+        return item
+
+    def _count(self) -> None:
+        self._counter.delivered += 1
+
+    def _receive(self) -> Any:
+        """The next batch from the prefetcher (not yet counted as delivered)."""
         started = self._telemetry.begin_wait()
         try:
             try:  # the rest of a group already read (close() from another thread may clear it;
@@ -187,7 +209,6 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         rows, item = result
         now = self._telemetry.clock()
         self._telemetry.record_batch(rows, now - started)
-        self._counter.delivered += 1
         tuner = self._tuner
         if tuner is not None:
             telemetry = self._telemetry
@@ -205,7 +226,66 @@ class LoaderIterator(BlockingPrefetcher[Any]):
     def close(self, *, wait: bool = True) -> None:
         self._telemetry.end()
         self._pending.clear()  # batches read but never delivered (their tokens die with the loop)
+        if self._feed is not None:
+            self._feed.clear()
         super().close(wait=wait)
+
+
+class LazyIteration:
+    """What ``iter(loader)`` returns: an iteration that decides its epoch and starts reading at its
+    first ``next()``, as a :class:`LoaderIterator` made by ``start()``. An iterator that is never
+    advanced (a framework's check that the loader is iterable, a ``len()``, an iterator thrown
+    away) reads nothing and uses up no epoch, and a ``set_epoch`` between ``iter()`` and the first
+    ``next()`` still applies to it.
+
+    Args:
+        start (Callable[[], LoaderIterator]): begins the iteration (called once).
+    """
+
+    def __init__(self, start: Callable[[], LoaderIterator]) -> None:
+        self._start = start
+        self._iterator: LoaderIterator | None = None
+        self._closed = False
+
+    def __iter__(self) -> LazyIteration:
+        return self
+
+    def __next__(self) -> Any:
+        iterator = self._iterator
+        if iterator is None:
+            if self._closed:
+                raise StopIteration
+            iterator = self.begin()
+        return next(iterator)
+
+    def begin(self) -> LoaderIterator:
+        """Begin the iteration now (what the first ``next()`` does); the running iterator."""
+        if self._iterator is None:
+            self._iterator = self._start()
+        return self._iterator
+
+    @property
+    def started(self) -> bool:
+        """Whether the first ``next()`` has begun the iteration."""
+        return self._iterator is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the iteration is over: closed, exhausted or failed (never before it began)."""
+        return self._closed or (self._iterator is not None and self._iterator.closed)
+
+    def close(self, *, wait: bool = True) -> None:
+        """End the iteration; a running one is closed as :meth:`LoaderIterator.close` does."""
+        self._closed = True
+        if self._iterator is not None:
+            self._iterator.close(wait=wait)
+
+    def statistics(self) -> PrefetchStatistics:
+        """The running iteration's :class:`~lance_prefetch._prefetcher.PrefetchStatistics`
+        (zeros before it began)."""
+        if self._iterator is None:
+            return PrefetchStatistics(held=0, in_flight=0, received=0)
+        return self._iterator.statistics()
 
 
 def start_iteration(
@@ -214,30 +294,33 @@ def start_iteration(
     counter: DeliveryCounter,
     telemetry: Telemetry,
     *,
-    rank: int,
-    coalesce: int,
-    readahead: int | str,
-    max_in_flight: int | str,
-    transform: Callable[[dict[str, Any]], Any] | None,
-    retry: RetryPolicy | None,
-    log_every_s: float | None,
-    tuner: DepthTuner | None,
+    rank: int | None,
+    config: LoaderConfig,
+    resolved: Resolved,
 ) -> LoaderIterator:
-    """Start reading ``plan`` for ``rank`` and the worker share ``counter`` describes, in groups
-    of ``coalesce`` batches: with ``readahead`` and ``max_in_flight`` as given, or with a tuner
-    (``"auto"``) its bounds, from the level it reached so far."""
+    """Start reading ``plan`` for ``rank`` (``None``: every rank's batches, in global order) and
+    the worker share ``counter`` describes, in groups of ``resolved.coalesce`` batches: with the
+    ``readahead`` and ``max_in_flight`` of ``config``, or (``"auto"``) the bounds its tuner
+    reached so far; batches placed as ``config.placement`` says."""
+    readahead, max_in_flight, tuner = config.readahead, config.max_in_flight, resolved.tuner
     if tuner is not None:
         bounds = tuner.restart()
         readahead, max_in_flight = bounds.readahead, bounds.max_in_flight
-    batches = plan.rank_batches(rank, worker_id=counter.worker_id,
-                                num_workers=counter.num_workers, skip=counter.skip)  # fmt: skip
-    reader = BatchReader(source, epoch=plan.epoch, transform=transform, retry=retry,
-                         telemetry=telemetry)  # fmt: skip
-    prefetcher = Prefetcher(groups(batches, coalesce), reader.read, process=reader.convert,
-                            readahead=int(readahead), max_in_flight=int(max_in_flight),
-                            retry=retry, size=len)  # fmt: skip
+    worker_id, num_workers, skip = counter.worker_id, counter.num_workers, counter.skip
+    if rank is None:
+        batches = plan.all_batches(worker_id=worker_id, num_workers=num_workers, skip=skip)
+    else:
+        batches = plan.rank_batches(rank, worker_id=worker_id, num_workers=num_workers, skip=skip)
+    reader = BatchReader(source, epoch=plan.epoch, transform=config.transform,
+                         retry=config.retry, telemetry=telemetry,
+                         placement=config.placement)  # fmt: skip
+    prefetcher = Prefetcher(groups(batches, resolved.coalesce), reader.read,
+                            process=reader.convert, readahead=int(readahead),
+                            max_in_flight=int(max_in_flight), retry=config.retry,
+                            size=len)  # fmt: skip
     return LoaderIterator(prefetcher, reader=reader, counter=counter, telemetry=telemetry,
-                          log_every_s=log_every_s, tuner=tuner)  # fmt: skip
+                          log_every_s=config.log_every_s, tuner=tuner,
+                          device=config.placement.device)  # fmt: skip
 
 
 def _counters_of(

@@ -6,6 +6,8 @@ and how far it got, and :mod:`~lance_prefetch._iteration` reads it."""
 
 from __future__ import annotations
 
+import functools
+import multiprocessing.context
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,9 +19,10 @@ from ._cache import with_cache
 from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, LoaderConfig
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade
-from ._iteration import LoaderIterator, start_iteration
+from ._frameworks import reads_every_rank
+from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
-from ._ranks import resolve_rank
+from ._ranks import Ranks
 from ._source import LanceSource
 from ._telemetry import LoaderStats, Telemetry
 from ._validate import check_bool, check_int
@@ -30,6 +33,7 @@ from .state import check_state, make_state
 
 if TYPE_CHECKING:
     import lance
+    import torch
 
 __all__ = ["PrefetchLoader"]
 
@@ -60,7 +64,12 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         max_in_flight (int | str, optional): the most ``take`` calls at once, ``>= 1``,
             ``<= readahead`` if both are ints; ``"auto"``: tuned. Default: ``4``.
         drop_last (bool, optional): ``True``: full batches, the permutation's tail left out;
-            ``False``: every row, padded by wrapping around. Default: ``True``.
+            ``False``: every row (padded by wrapping around when shuffling). Default: ``None``:
+            ``True``, or ``False`` with ``shuffle=False``.
+        shuffle (bool, optional): ``False``: the dataset's own order, every epoch (for
+            evaluation): with ``drop_last=False`` every row exactly once across ranks and
+            workers, nothing padded, a rank's last batch maybe short and a rank maybe one batch
+            short (``len()`` says each rank's). Default: ``True``.
         rank, world_size (int, optional): this process's rank in ``[0, world_size)``, both or
             neither. Default: ``None``, from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``,
             else ``0`` of ``1``.
@@ -89,6 +98,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             ahead. Default: 256 MiB.
         io (str, optional): ``"default"`` or ``"uring"`` (local files; falls back with a
             ``RuntimeWarning``). Default: ``None``, ``"uring"`` for a ``file+uring://`` URI.
+        pin_memory (bool, optional): pin each batch's tensors in the read threads (a
+            ``UserWarning`` and no pinning without an accelerator). Default: ``False``.
+        device (str | torch.device, optional): hand batches out on it, each copy issued with
+            ``non_blocking=True`` on a side stream one batch ahead; ``"cpu"``: as read. Not in
+            DataLoader workers (use ``DataLoader(pin_memory=True)`` there). Default: ``None``.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).
@@ -114,7 +128,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         seed: int = 0,
         readahead: int | str = 8,
         max_in_flight: int | str = 4,
-        drop_last: bool = True,
+        drop_last: bool | None = None,
+        shuffle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
         storage_options: Mapping[str, str] | None = None,
@@ -129,22 +144,27 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         cache_bytes: int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
+        pin_memory: bool = False,
+        device: str | torch.device | None = None,
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch._config.LoaderConfig`).
         self.config = config = LoaderConfig(
             batch_size=batch_size, columns=columns, seed=seed, readahead=readahead,
-            max_in_flight=max_in_flight, drop_last=drop_last, rank=rank, world_size=world_size,
+            max_in_flight=max_in_flight, drop_last=drop_last, shuffle=shuffle, rank=rank,
+            world_size=world_size,
             storage_options=storage_options, version=version, transform=transform, retry=retry,
             permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
             cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
+            pin_memory=pin_memory, device=device,
         )  # fmt: skip
-        self.rank, self.world_size = resolve_rank(config.rank, config.world_size)
+        self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
         self._counter: DeliveryCounter | None = None  # ... and how far it got
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
-        self._iterators: weakref.WeakSet[LoaderIterator] = weakref.WeakSet()
+        self._every_rank = False  # a DataLoader worker of Accelerate's dispatcher reads all
+        self._iterators: weakref.WeakSet[LazyIteration] = weakref.WeakSet()
         lance_source = LanceSource(source, config.source_options)
         check_schema(lance_source.schema)
         self._source = with_cache(lance_source, config.cache, cache_bytes=config.cache_bytes,
@@ -160,18 +180,34 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self.coalesce = resolved.coalesce
         #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.
         self.permutation = resolved.permutation
-        self._tuner = resolved.tuner
-        self.epoch_plan()  # raises for drop_last=True with too few rows
+        self._resolved = resolved  # with its tuner: one per loader copy
+        self._plan(0, 0, self._ranks.value[1])  # raises for drop_last=True with too few rows
 
     batch_size = _option("batch_size", "Rows per batch.")
     seed = _option("seed", "The base seed of every epoch's permutation.")
-    drop_last = _option("drop_last", "Whether the permutation's tail is left out.")
+    drop_last = _option("drop_last", "Whether the epoch's tail is left out (resolved).")
+    shuffle = _option("shuffle", "Whether each epoch is a new uniform permutation.")
     readahead = _option("readahead", "``readahead`` as given (an int, or ``'auto'``).")
     max_in_flight = _option("max_in_flight", "``max_in_flight`` as given (an int or ``'auto'``).")
     transform = _option("transform", "Applied to each converted batch, or ``None``.")
     retry = _option("retry", "The :class:`~lance_prefetch.RetryPolicy` of reads, or ``None``.")
     cache = _option("cache", "``'memory'``, ``'disk'`` or ``None``: where batches come from.")
     log_every = _option("log_every_s", "Seconds between logged :meth:`stats`, or ``None``.")
+
+    @property
+    def rank(self) -> int:
+        """This process's rank: as given, or detected where the loader is used (see
+        :mod:`lance_prefetch._ranks`)."""
+        return self._current_ranks()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks, given or detected like :attr:`rank`."""
+        return self._current_ranks()[1]
+
+    def _current_ranks(self) -> tuple[int, int]:
+        reading = any(it.started and not it.closed for it in self._iterators)
+        return self._ranks.current(in_worker=get_worker_info() is not None, reading=reading)
 
     @property
     def num_rows(self) -> int:
@@ -202,22 +238,29 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     def epoch_plan(self, epoch: int | None = None, *, start: int = 0) -> EpochPlan:
         """The :class:`~lance_prefetch.sampling.EpochPlan` of ``epoch`` (default: :attr:`epoch`)
         from global position ``start`` (default: the epoch's beginning)."""
+        return self._plan(self.epoch if epoch is None else epoch, start, self.world_size)
+
+    def _plan(self, epoch: int, start: int, world_size: int) -> EpochPlan:
         return EpochPlan(
-            num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed,
-            epoch=self.epoch if epoch is None else epoch, world_size=self.world_size,
-            drop_last=self.drop_last, start=start, permutation_kind=self.permutation,
+            num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed, epoch=epoch,
+            world_size=world_size, drop_last=self.drop_last, start=start,
+            permutation_kind=self.permutation, shuffle=self.shuffle,
         )  # fmt: skip
 
     def __len__(self) -> int:
-        """Batches this rank yields in a whole epoch (the same on every rank)."""
-        return self.epoch_plan().batches_per_rank
+        """Batches this rank yields in a whole epoch (the same on every rank, but with
+        ``shuffle=False`` and ``drop_last=False``, where a rank may have one fewer)."""
+        rank, world_size = self._current_ranks()
+        plan = self._plan(self.epoch, 0, world_size)
+        if self._every_rank or reads_every_rank(self):
+            return plan.num_batches  # the dispatcher deals them out: it counts them all
+        return plan.batches_of(rank)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the training loop is: a small JSON-serializable dict (layout in
-        :mod:`lance_prefetch.state`) of the dataset, the sampling parameters, the epoch and
-        ``position``, the global batches of the epoch **delivered to the training loop** (read
-        ahead does not count). The same on every rank. After :meth:`set_epoch` or
-        :meth:`load_state_dict`, what the next iteration reads.
+        """Where the training loop is: a small JSON-serializable dict (:mod:`lance_prefetch.state`)
+        whose ``position`` counts the epoch's global batches **delivered to the training loop**.
+        The same on every rank; after :meth:`set_epoch` or :meth:`load_state_dict`, what the next
+        iteration reads.
 
         Raises:
             RuntimeError: the current iteration runs in DataLoader worker processes (use
@@ -237,9 +280,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     def load_state_dict(
         self, state: Mapping[str, Any], *, allow_version_change: bool = False
     ) -> None:
-        """Make the next iteration continue exactly where ``state`` stopped: the same epoch,
-        from the next undelivered batch, also on another ``world_size`` or ``num_workers`` (the
-        rest of the epoch is re-split, every row still once). It reaches DataLoader workers.
+        """Make the next iteration continue exactly where ``state`` stopped (from the next
+        undelivered batch, also on another ``world_size`` or ``num_workers``; a finished epoch's
+        state continues with the next epoch). It reaches DataLoader workers.
 
         Args:
             state (Mapping): from :meth:`state_dict` or
@@ -248,15 +291,13 @@ class PrefetchLoader(SourceFacade, IterableDataset):
                 (right only if both hold the same rows in the same order). Default: ``False``.
 
         Raises:
-            RuntimeError: an iterator of this loader is live in this process.
-            ValueError: the state is malformed or belongs to another dataset, version, seed,
-                batch size, ``drop_last`` or permutation (each mismatch named), or is a
-                DataLoader worker's share loaded outside that worker or with another
-                ``world_size`` (merge with :func:`~lance_prefetch.state_from_dataloader`).
-            TypeError: ``state`` is not a mapping or a field has the wrong type.
+            RuntimeError: an iteration of this loader is reading in this process.
+            ValueError, TypeError: the state is malformed or of another dataset, version, seed,
+                batch size, ``drop_last`` or order (each mismatch named), or a DataLoader
+                worker's share loaded elsewhere (merge with ``state_from_dataloader``).
         """
         allow_version_change = check_bool("allow_version_change", allow_version_change)
-        if any(not iterator.closed for iterator in self._iterators):
+        if any(it.started and not it.closed for it in self._iterators):
             raise RuntimeError(
                 "load_state_dict() was called while an iterator of this loader is live; exhaust "
                 "it or call loader.close() first (the state applies to the next iterator)"
@@ -277,11 +318,14 @@ class PrefetchLoader(SourceFacade, IterableDataset):
                 "permutation": self.permutation}  # fmt: skip
 
     def __iter__(self) -> Iterator[Any]:
-        """Start reading this epoch's batches for this rank (and DataLoader worker), in an
-        event-loop thread of the calling process; it stops when the iterator is exhausted, fails,
-        is closed (:meth:`close`) or garbage collected (after ``break``).
+        """An iteration of this rank's (and DataLoader worker's) batches. Its first ``next()`` (in
+        a DataLoader worker: ``iter()`` itself) decides the epoch, so an iterator never advanced
+        uses none up, and starts reading in an event-loop thread of this process, which stops
+        when the iterator is exhausted, fails, is closed (:meth:`close`) or garbage collected
+        (after ``break``).
 
         Raises:
+            ValueError: ``pin_memory`` or ``device`` in a DataLoader worker.
             RuntimeError: this process was forked from the one that built the loader (Lance is
                 not fork-safe; use ``multiprocessing_context="spawn"``).
             MemoryError, OSError, Exception: with ``cache=``, the fill (once per process, here):
@@ -290,25 +334,44 @@ class PrefetchLoader(SourceFacade, IterableDataset):
                 the iterator is then closed.
         """
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
+        if get_worker_info() is not None and self.config.placement.active:
+            raise ValueError(
+                "pin_memory and device apply where batches reach the training loop, not in "
+                "DataLoader workers: pass DataLoader(..., pin_memory=True) and move batches in the "
+                "loop, or leave num_workers=0"
+            )
         self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
         worker = get_worker_info()
-        ident = self._control.identify(worker)
+        ident = self._control.identify(worker)  # at iter(): the workers' counts stay in step
+        every_rank = self._every_rank or reads_every_rank(self)
+        iteration = LazyIteration(functools.partial(self._begin, worker, ident, every_rank))
+        self._iterators.add(iteration)
+        if worker is not None:
+            # A DataLoader worker asks for batches as soon as its DataLoader iterator exists (and
+            # a StatefulDataLoader its state at once): it begins at iter(), as the main process's
+            # first next() would.
+            iteration.begin()
+        return iteration
+
+    def _begin(self, worker: Any, ident: int, every_rank: bool) -> LoaderIterator:
+        """The first ``next()`` of an iteration: decide what it reads, start reading (with
+        ``every_rank``, every rank's batches in global order, for Accelerate's dispatcher)."""
+        rank, world_size = self._current_ranks()  # before anything is decided
         forced, skip = self._worker_resume or (None, 0)
         self._worker_resume = None
-        decision = self._control.begin(ident, forced=forced)
+        end = end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
+        decision = self._control.begin(ident, forced=forced, end=end)
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        self._counter = counter = DeliveryCounter(ident, decision, world_size=self.world_size,
+        self._counter = counter = DeliveryCounter(ident, decision,
+                                                  world_size=1 if every_rank else world_size,
                                                   worker_id=worker_id, num_workers=num_workers,
                                                   skip=skip)  # fmt: skip
         self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
-        iterator = start_iteration(
-            self._source, self.epoch_plan(decision.epoch, start=decision.start), counter,
-            self._telemetry, rank=self.rank, coalesce=self.coalesce, readahead=self.readahead,
-            max_in_flight=self.max_in_flight, transform=self.transform, retry=self.retry,
-            log_every_s=self.log_every, tuner=self._tuner,
+        return start_iteration(
+            self._source, self._plan(decision.epoch, decision.start, world_size), counter,
+            self._telemetry, rank=None if every_rank else rank, config=self.config,
+            resolved=self._resolved,
         )  # fmt: skip
-        self._iterators.add(iterator)
-        return iterator
 
     def stats(self) -> LoaderStats:
         """Telemetry of the latest iteration in this process (:class:`LoaderStats`: rows/s,
@@ -332,6 +395,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
+        if multiprocessing.context.get_spawning_popen() is not None:
+            self._current_ranks()  # DataLoader workers read the ranks this process has now
+            state["_every_rank"] = self._every_rank or reads_every_rank(self)
         del state["_iterators"], state["_counter"], state["_telemetry"]  # this process's
         return state
 
@@ -346,7 +412,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             f"columns={list(self.columns)}, version={self.version}, num_rows={self.num_rows}, "
             f"seed={self.seed}, epoch={self.epoch}, readahead={self.readahead!r}, "
             f"max_in_flight={self.max_in_flight!r}, coalesce={self.coalesce}, "
-            f"cache={self.cache!r}, drop_last={self.drop_last}, rank={self.rank}, "
+            f"cache={self.cache!r}, drop_last={self.drop_last}, "
+            + ("shuffle=False, " if not self.shuffle else "")
+            + f"rank={self.rank}, "
             f"world_size={self.world_size}, retry={self.retry!r}, io={self.io!r}, "
             f"storage_options={self._source.options_repr()})"
         )

@@ -39,6 +39,7 @@ from ._validate import check_int
 __all__ = [
     "ArrayPermutation",
     "CHUNK_ROWS",
+    "IdentityPermutation",
     "KINDS",
     "LAZY_THRESHOLD",
     "LazyPermutation",
@@ -116,7 +117,10 @@ def resolve_kind(kind: str, num_rows: int) -> str:
 
 
 def make_permutation(kind: str, num_rows: int, seed: int, epoch: int) -> Permutation:
-    """The permutation of epoch ``epoch``: ``kind`` resolved by :func:`resolve_kind`."""
+    """The permutation of epoch ``epoch``: ``kind`` resolved by :func:`resolve_kind`, or
+    ``"identity"`` (the dataset's order, for ``shuffle=False``)."""
+    if kind == "identity":
+        return IdentityPermutation(num_rows, seed, epoch)
     if resolve_kind(kind, num_rows) == "lazy":
         return LazyPermutation(num_rows, seed, epoch)
     return ArrayPermutation(num_rows, seed, epoch)
@@ -134,7 +138,7 @@ class Permutation:
         epoch (int): epoch number, ``>= 0``.
 
     Attributes:
-        kind (str): ``"array"`` or ``"lazy"``.
+        kind (str): ``"array"``, ``"lazy"`` or ``"identity"``.
         dtype (numpy.dtype): :func:`index_dtype` ``(num_rows)``, the dtype of every result.
     """
 
@@ -209,6 +213,19 @@ class ArrayPermutation(Permutation):
 
     def _take(self, positions: np.ndarray) -> np.ndarray:
         return self.array[positions]
+
+
+class IdentityPermutation(Permutation):
+    """The dataset's own order (``shuffle=False``): position ``p`` holds row offset ``p``, for
+    every seed and epoch. Constant memory."""
+
+    kind = "identity"
+
+    def slice(self, start: int, stop: int) -> np.ndarray:
+        return np.arange(start, stop, dtype=self.dtype)
+
+    def _take(self, positions: np.ndarray) -> np.ndarray:
+        return positions.astype(self.dtype)
 
 
 class LazyPermutation(Permutation):

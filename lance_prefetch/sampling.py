@@ -31,6 +31,13 @@ The rules
 These counts equal those of ``DistributedSampler`` followed by ``BatchSampler`` with the same
 ``drop_last`` on every rank.
 
+5. ``shuffle=False`` (evaluation): the order is the dataset's own (``"identity"``: position
+   ``p`` holds row ``p``), the same every epoch. With ``drop_last=False`` nothing is padded:
+   global batch ``g`` holds rows ``g * batch_size ..`` (the last one may be short), ranks take
+   them round-robin by rule 2, and a rank may get one batch fewer than rank 0 (``batches_of``):
+   every row exactly once, in dataset order across ranks. With ``drop_last=True``, rule 3 in the
+   dataset's order.
+
 Worked example: ``num_rows=11, batch_size=2, world_size=2, drop_last=False``, permutation
 ``p = [p0 .. p10]``: ``batches_per_rank = ceil(11/4) = 3``; rounds 0 and 1 are global batches
 ``[p0 p1] [p2 p3] [p4 p5] [p6 p7]``; the last round has ``R = 3`` rows, ``last_batch_size = 2``:
@@ -57,7 +64,8 @@ shorter than one round of the new ranks, which is dropped).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,7 +117,10 @@ class EpochPlan:
             covers the rest (see "Resuming mid-epoch" above). Default: ``0``, the whole epoch.
         permutation_kind (str, optional): how the epoch's permutation is held (rule 1):
             ``"array"``, ``"lazy"`` or ``"auto"`` (``"lazy"`` above 2**27 rows); resolved to
-            ``"array"`` or ``"lazy"`` on construction. Default: ``"auto"``.
+            ``"array"`` or ``"lazy"`` on construction (``"identity"`` with ``shuffle=False``).
+            Default: ``"auto"``.
+        shuffle (bool, optional): ``False``: the dataset's order, without padding when
+            ``drop_last=False`` (rule 5). Default: ``True``.
 
     Raises:
         TypeError: an argument has the wrong type (bools are not integers here).
@@ -125,6 +136,7 @@ class EpochPlan:
     drop_last: bool = True
     start: int = 0
     permutation_kind: str = "auto"
+    shuffle: bool = True
 
     def __post_init__(self) -> None:
         check_int("num_rows", self.num_rows, minimum=1)
@@ -134,7 +146,10 @@ class EpochPlan:
         check_int("world_size", self.world_size, minimum=1)
         check_bool("drop_last", self.drop_last)
         check_int("start", self.start, minimum=0)
-        kind = resolve_kind(self.permutation_kind, self.num_rows)
+        check_bool("shuffle", self.shuffle)
+        kind = (
+            "identity" if not self.shuffle else resolve_kind(self.permutation_kind, self.num_rows)
+        )
         object.__setattr__(self, "permutation_kind", kind)  # frozen: set once, resolved
         if self.drop_last and self.start == 0 and self.num_rows < self.rows_per_round:
             raise ValueError(
@@ -154,15 +169,32 @@ class EpochPlan:
         return max(self.num_rows - self.start * self.batch_size, 0)
 
     @property
+    def uneven(self) -> bool:
+        """Whether ranks may get different numbers of batches: ``shuffle=False`` with
+        ``drop_last=False`` (rule 5, no padding)."""
+        return not self.shuffle and not self.drop_last
+
+    @property
     def batches_per_rank(self) -> int:
-        """Batches every rank yields (for ``start=0``, what ``len(loader)`` reports)."""
+        """Batches every rank yields (rank 0's, the most, when :attr:`uneven`)."""
+        if self.uneven:
+            return -(-self.num_batches // self.world_size)
         if self.drop_last:
             return self.num_remaining // self.rows_per_round
         return -(-self.num_remaining // self.rows_per_round)
 
+    def batches_of(self, rank: int) -> int:
+        """Batches rank ``rank`` yields (for ``start=0``, its ``len(loader)``)."""
+        if self.uneven:
+            return max(-(-(self.num_batches - rank) // self.world_size), 0)
+        return self.batches_per_rank
+
     @property
     def num_batches(self) -> int:
-        """Global batches in this plan, over all ranks: ``batches_per_rank * world_size``."""
+        """Global batches in this plan, over all ranks: ``batches_per_rank * world_size`` (when
+        :attr:`uneven`, ``ceil(num_remaining / batch_size)``)."""
+        if self.uneven:
+            return -(-self.num_remaining // self.batch_size)
         return self.batches_per_rank * self.world_size
 
     @property
@@ -173,9 +205,11 @@ class EpochPlan:
     @property
     def last_batch_size(self) -> int:
         """Rows in each rank's last batch: ``batch_size``, or less with ``drop_last=False``
-        (``0`` when the plan has no batches)."""
+        (``0`` when the plan has no batches); when :attr:`uneven`, of the last global batch."""
         if self.batches_per_rank == 0:
             return 0
+        if self.uneven:
+            return self.num_remaining - (self.num_batches - 1) * self.batch_size
         if self.drop_last:
             return self.batch_size
         remaining = self.num_remaining - (self.batches_per_rank - 1) * self.rows_per_round
@@ -186,6 +220,8 @@ class EpochPlan:
         """Rows this plan delivers over all ranks, padding included."""
         if self.batches_per_rank == 0:
             return 0
+        if self.uneven:
+            return self.num_remaining
         full_rounds = self.batches_per_rank - 1
         return full_rounds * self.rows_per_round + self.world_size * self.last_batch_size
 
@@ -235,6 +271,9 @@ class EpochPlan:
     def _span(self, position: int) -> tuple[int, int]:
         """Permutation positions ``[start, stop)`` of global batch ``position`` (``stop`` may pass
         ``num_rows``: those wrap around)."""
+        if self.uneven:
+            start = position * self.batch_size
+            return start, min(start + self.batch_size, self.num_rows)
         last_round_start = self.start + (self.batches_per_rank - 1) * self.world_size
         if position < last_round_start:
             start, size = position * self.batch_size, self.batch_size
@@ -287,14 +326,38 @@ class EpochPlan:
                 f"Invalid worker_id {worker_id}, it should be in the interval [0, {num_workers - 1}]"
             )
         first = first_local(worker_id, num_workers, skip)
-        locals_ = range(first, self.batches_per_rank, num_workers)
-        group = CHUNK_ROWS // self.batch_size  # lazy: several batches per vectorised pass
-        if self.permutation_kind == "array" or group <= 1:  # array: views of the permutation
-            for local in locals_:
-                yield self.batch(self.start + local * self.world_size + rank)
+        locals_ = range(first, self.batches_of(rank), num_workers)
+        return self._at(self.start + local * self.world_size + rank for local in locals_)
+
+    def all_batches(
+        self, *, worker_id: int = 0, num_workers: int = 1, skip: int = 0
+    ) -> Iterator[PlannedBatch]:
+        """Every rank's batches in global order, ``start, start + 1, ...``, for one process that
+        reads for all ranks and deals the batches out itself (Accelerate's dispatching): worker
+        ``worker_id`` of ``num_workers`` takes the plan's batches ``j = worker_id (mod
+        num_workers)``, ``j >= skip``. Batch ``g`` is the one rank ``g % world_size`` would read.
+
+        Raises:
+            ValueError: ``worker_id`` is outside ``[0, num_workers)``.
+        """
+        num_workers = check_int("num_workers", num_workers, minimum=1)
+        worker_id = check_int("worker_id", worker_id, minimum=0)
+        skip = check_int("skip", skip, minimum=0)
+        if worker_id >= num_workers:
+            raise ValueError(
+                f"Invalid worker_id {worker_id}, it should be in the interval [0, {num_workers - 1}]"
+            )
+        first = first_local(worker_id, num_workers, skip)
+        return self._at(self.start + j for j in range(first, self.num_batches, num_workers))
+
+    def _at(self, positions: Iterable[int]) -> Iterator[PlannedBatch]:
+        """The global batches at ``positions``, lazily, in order (a lazy permutation computes
+        several in one vectorised pass)."""
+        group = CHUNK_ROWS // self.batch_size
+        if self.permutation_kind != "lazy" or group <= 1:  # views, or ranges, per batch
+            for position in positions:
+                yield self.batch(position)
             return
-        for i in range(0, len(locals_), group):
-            positions = [
-                self.start + local * self.world_size + rank for local in locals_[i : i + group]
-            ]
-            yield from self._batches(positions)
+        positions = iter(positions)
+        while chunk := list(itertools.islice(positions, group)):
+            yield from self._batches(chunk)

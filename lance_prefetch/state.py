@@ -54,7 +54,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 }
 #: Fields that must equal the loader's own for a state to load (``version`` can be allowed to differ).
 MATCHED = ("uri", "version", "num_rows", "seed", "batch_size", "drop_last", "permutation")
-_PERMUTATIONS = ("array", "lazy")
+_PERMUTATIONS = ("array", "lazy", "identity")
 
 
 def make_state(

@@ -147,3 +147,20 @@ def make_loader(request):
 
     make.mode = request.param
     return make
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, start each test process on one of the ``long`` tests: the initial
+    split gives process ``k`` of ``n`` a contiguous share (``len // (n - k)`` of what is left),
+    so each share begins with its long tests and none of them is left for the end of the run."""
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if not workers:
+        return
+    long = [item for item in items if item.get_closest_marker("long")]
+    rest = [item for item in items if not item.get_closest_marker("long")]
+    ordered: list[pytest.Item] = []
+    for k in range(workers):
+        share = (len(items) - len(ordered)) // (workers - k) - len(long[k::workers])
+        ordered += long[k::workers] + rest[:share]
+        rest = rest[share:]
+    items[:] = ordered + rest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import pickle
+import re
 import threading
 import time
 from collections import Counter
@@ -21,6 +22,7 @@ from support.helpers import (
     stopping,
     wait_until,
 )
+from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
 from lance_prefetch._source import LanceSource
@@ -326,7 +328,6 @@ def test_open_lance_dataset_as_source(ids_1003):
 @pytest.mark.filterwarnings("ignore:lance is not fork-safe")
 def test_forked_dataloader_workers_fail_at_once_naming_spawn(ids_1003):
     """The Linux default start method (fork) gives a clear error, never a crash or a hang."""
-    from torch.utils.data import DataLoader
 
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     collect(loader)  # the parent has read (and opened Lance) before forking
@@ -341,7 +342,6 @@ def test_forked_dataloader_workers_fail_at_once_naming_spawn(ids_1003):
 @pytest.mark.slow
 def test_batch_load_error_crosses_dataloader_workers(ids_1003, tmp_path):
     """A failure in a spawn worker is re-raised in the main process as a BatchLoadError."""
-    from torch.utils.data import DataLoader
 
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], transform=failing_transform)
     data = DataLoader(loader, batch_size=None, num_workers=1, multiprocessing_context=WORKERS)
@@ -398,8 +398,58 @@ def test_a_file_is_not_a_dataset(tmp_path):
         PrefetchLoader(path, 1)
 
 
-def test_rank_without_world_size_in_the_environment(ids_1003, monkeypatch):
-    monkeypatch.setenv("RANK", "1")
+@pytest.mark.parametrize("variable", ["RANK", "WORLD_SIZE"])
+def test_half_of_the_rank_environment_is_known_only_where_the_loader_is_used(
+    ids_1003, monkeypatch, variable
+):
+    """Lightning's ddp children start with WORLD_SIZE (and LOCAL_RANK) but no RANK: building
+    the loader there works; using it before a process group exists names where to build it."""
+    monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(ValueError, match=r"^only one of the RANK and WORLD_SIZE environment"):
-        PrefetchLoader(ids_1003, 10)
+    monkeypatch.setenv(variable, "1")
+    loader = PrefetchLoader(ids_1003, 10)
+    message = "^" + re.escape(
+        f"this process's rank is not known: only part of the environment is set ({variable}=1) "
+        f"and no torch.distributed process group is initialized yet (Lightning's ddp starts its "
+        f"processes like this). Use the loader where the ranks exist: build it in "
+        f"LightningDataModule.setup() or train_dataloader(), or in the training loop, after the "
+        f"process group is initialized"
+    )
+    for use in (len, lambda loader: next(iter(loader)), lambda loader: loader.state_dict()):
+        with pytest.raises(ValueError, match=message):
+            use(loader)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # now known: adopted
+    assert (loader.rank, loader.world_size) == (1, 2)
+    assert collect(loader) == expected_rank_ids(loader, rank=1)
+
+
+@pytest.mark.slow
+def test_the_sequential_mode_reads_every_row_once_across_ranks_and_workers(ids_1003):
+    """shuffle=False (drop_last then defaults to False): 3 ranks x 2 workers over 1,003 rows in
+    batches of 10: 101 global batches, ranks 0 and 1 get 34, rank 2 gets 33 (len() says so);
+    merged by position the rows come in dataset order, every row once, nothing padded; the
+    next epoch is the same."""
+    streams = []
+    for rank in range(3):
+        loader = PrefetchLoader(ids_1003, 10, columns=["id"], shuffle=False, rank=rank,
+                                world_size=3)  # fmt: skip
+        assert loader.drop_last is False and len(loader) == (33 if rank == 2 else 34)
+        data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS,
+                          persistent_workers=True)  # fmt: skip
+        stream = batch_ids(data)
+        assert stream == expected_rank_ids(loader) and len(stream) == len(loader)
+        assert batch_ids(data) == stream  # epoch 1: the same order
+        del data
+        streams.append(stream)
+    merged = [streams[g % 3][g // 3] for g in range(101)]
+    assert sum(merged, []) == list(range(1003))
+    assert [len(b) for b in merged] == [10] * 100 + [3]
+    with pytest.raises(ValueError, match=r"^permutation='lazy' says how a shuffled epoch is held"):
+        PrefetchLoader(ids_1003, 10, shuffle=False, permutation="lazy")
+    loader.set_epoch(2)
+    state = loader.state_dict()
+    assert state["permutation"] == "identity" and state["format_version"] == 2
+    shuffled = PrefetchLoader(ids_1003, 10, columns=["id"], drop_last=False, rank=2, world_size=3)
+    with pytest.raises(ValueError, match=r"permutation is 'identity' in the state but 'array'"):
+        shuffled.load_state_dict(state)

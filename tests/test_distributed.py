@@ -1,4 +1,4 @@
-"""torchrun: a DDP job with spawn workers per rank, and an interrupted job resumed on more ranks.
+"""torchrun: a DDP job with spawn workers per rank, interrupted and resumed on more ranks.
 
 Runs ``examples/ddp_train.py`` (the documented example) under ``torchrun`` on the CPU (gloo).
 """
@@ -47,30 +47,21 @@ def expected(uri: str, epoch: int, rank: int, world_size: int, start: int = 0) -
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_with_spawn_workers(tmp_path):
-    """Acceptance 1: 2 ranks x 2 spawn workers, 2 epochs over 1,003 rows, batch 10: per epoch every
-    id once over the ranks (but the 3-row tail), the same steps on both ranks, exit 0."""
-    uri = str(tmp_path / "train.lance")
-    out = torchrun(2, "--uri", uri, "--epochs", "2", "--num-workers", "2",
-                   "--record", str(tmp_path / "ids-{rank}.jsonl"))  # fmt: skip
-    assert "epoch 0: 50 steps per rank" in out and "epoch 1: 50 steps per rank" in out
-    steps = records(tmp_path, 2)
-    for epoch in range(2):
-        ids = [i for rank in range(2) for batch in steps[rank, epoch] for i in batch]
-        assert len(ids) == 1000 and len(set(ids)) == 1000 and set(ids) <= set(range(1003))
-        for rank in range(2):
-            assert steps[rank, epoch] == expected(uri, epoch, rank, 2)
-
-
-@pytest.mark.slow
-def test_torchrun_job_interrupted_mid_epoch_resumes_on_three_ranks(tmp_path):
-    """Stopped after 67 steps (epoch 1, batch 17) on 2 ranks; resumed on 3 ranks (no DataLoader
-    workers here: the test above has them, and test_resume.py resumes StatefulDataLoader workers):
-    epoch 1 still delivers every id once over old and new ranks."""
+@pytest.mark.long
+def test_torchrun_job_with_spawn_workers_interrupted_mid_epoch_resumes_on_three_ranks(tmp_path):
+    """2 ranks x 2 spawn workers over 1,003 rows, batch 10: epoch 0 delivers every id once over
+    the ranks (but the 3-row tail), each rank the steps of its plan; stopped after 67 steps (epoch
+    1, batch 17, saved from StatefulDataLoader's worker states) and resumed on 3 ranks without
+    workers: epoch 1 still delivers every id once over old and new ranks."""
     uri = str(tmp_path / "train.lance")
     record = str(tmp_path / "ids-{rank}.jsonl")
-    out = torchrun(2, "--uri", uri, "--num-workers", "0", "--stop-after", "67", "--record", record)
-    assert "saved at epoch 1, global batch 34" in out
+    out = torchrun(2, "--uri", uri, "--num-workers", "2", "--stop-after", "67", "--record", record)
+    assert "epoch 0: 50 steps per rank" in out and "saved at epoch 1, global batch 34" in out
+    steps = records(tmp_path, 2)
+    ids = [i for rank in range(2) for batch in steps[rank, 0] for i in batch]
+    assert len(ids) == 1000 and len(set(ids)) == 1000 and set(ids) <= set(range(1003))
+    for rank in range(2):
+        assert steps[rank, 0] == expected(uri, 0, rank, 2)
     out = torchrun(3, "--uri", uri, "--num-workers", "0", "--resume", "--record", record)
     assert "resumed at epoch 1, global batch 34" in out and "epoch 1: 22 steps per rank" in out
     steps = records(tmp_path, 3)
@@ -78,5 +69,5 @@ def test_torchrun_job_interrupted_mid_epoch_resumes_on_three_ranks(tmp_path):
         assert steps[rank, 1][:17] == expected(uri, 1, rank, 2)[:17]
     for rank in range(3):
         assert steps[rank, 1][-22:] == expected(uri, 1, rank, 3, start=34)
-    ids = [i for rank in range(3) for batch in steps.get((rank, 1), []) for i in batch]
-    assert len(ids) == 340 + 660 and len(set(ids)) == len(ids)
+    ids = [i for rank in range(3) for batch in steps[rank, 1] for i in batch]
+    assert len(ids) == 1000 and len(set(ids)) == 1000

@@ -64,11 +64,28 @@ def test_set_epoch_and_load_through_the_control():
     assert control.begin(iteration_ident()) == Decision(3, 0)
 
 
-def test_a_state_saved_at_an_epochs_end_leaves_an_empty_rest_then_moves_on():
+def test_a_state_saved_at_an_epochs_end_moves_on_unless_set_epoch_asks_for_it():
+    """Loaded at its end (position 100 of 100), epoch 4 has nothing left: the next iteration
+    reads epoch 5; after set_epoch(4) (a loop asking for the finished epoch) it is the empty rest
+    of epoch 4. Without the end (end=None), a loaded start is read as it is."""
     control = EpochControl()
     control.load(4, 100)
-    assert control.begin(iteration_ident()) == Decision(4, 100)  # nothing left of epoch 4 ...
-    assert control.begin(iteration_ident()) == Decision(5, 0)
+    assert control.pending() == Decision(4, 100)
+    assert control.begin(iteration_ident(), end=100) == Decision(5, 0)
+    control.load(4, 100)
+    control.set_epoch(4)
+    assert control.begin(iteration_ident(), end=100) == Decision(4, 100)
+    assert control.begin(iteration_ident(), end=100) == Decision(5, 0)
+    control.set_epoch(4)  # asked for before the load (a StatefulDataLoader loads at iter())
+    control.load(4, 100)
+    assert control.begin(iteration_ident(), end=100) == Decision(4, 100)
+    control.set_epoch(3)  # another epoch asked for: the load decides
+    control.load(4, 100)
+    assert control.begin(iteration_ident(), end=100) == Decision(5, 0)
+    control.load(4, 99)  # one batch left
+    assert control.begin(iteration_ident(), end=100) == Decision(4, 99)
+    control.load(4, 100)
+    assert control.begin(iteration_ident()) == Decision(4, 100)
 
 
 def test_a_worker_resuming_its_own_share_is_recorded_for_the_next_iteration():
@@ -119,3 +136,50 @@ def test_field_layout():
     control = EpochControl(epoch=2)
     block = control._block.tolist()
     assert (block[EPOCH], block[START], block[ADVANCE]) == (2, -1, 0)
+
+
+def _read_two_epochs(loader, results):
+    """In a process that is not a DataLoader worker: two iterations' ids."""
+    results.put([[b["id"].tolist() for b in loader] for _ in range(2)])
+
+
+def test_an_iterator_never_advanced_uses_up_no_epoch(ids_1003):
+    """A framework's check that the loader is iterable, a len() and a thrown-away iterator read
+    nothing and decide nothing (no loop thread starts): the first epoch read is epoch 0. A
+    set_epoch between iter() and the first next() applies to that iteration."""
+    from support.helpers import batch_ids, expected_rank_ids, loop_threads
+
+    from lance_prefetch import PrefetchLoader
+
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=1)
+    probe = iter(loader)
+    assert len(loader) == 100 and not loop_threads() and loader.state_dict()["epoch"] == 0
+    del probe
+    iter(loader)
+    assert batch_ids(loader) == expected_rank_ids(loader, epoch=0)
+    assert batch_ids(loader) == expected_rank_ids(loader, epoch=1)
+    iterator = iter(loader)
+    loader.set_epoch(5)  # Lightning's on_train_epoch_start comes after its iter()
+    assert batch_ids(iterator) == expected_rank_ids(loader, epoch=5)
+    assert batch_ids(loader) == expected_rank_ids(loader, epoch=6)
+
+
+def test_ranks_spawned_with_the_loader_keep_epochs_of_their_own(ids_1003):
+    """Two processes (not DataLoader workers) started with the loader pickled in, as
+    torch.multiprocessing.spawn starts Lightning's ddp_spawn ranks: each reads epochs 0 then 1
+    (a shared epoch state would have dealt the epochs out between them)."""
+    from support.helpers import WORKERS, batch_ids, expected_rank_ids
+
+    from lance_prefetch import PrefetchLoader
+
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=2)
+    results = WORKERS.Queue()
+    processes = [WORKERS.Process(target=_read_two_epochs, args=(loader, results)) for _ in range(2)]
+    for process in processes:
+        process.start()
+    reads = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(30)
+    expected = [expected_rank_ids(loader, epoch=e) for e in (0, 1)]
+    assert reads == [expected, expected]
+    assert loader.epoch == 0 and batch_ids(loader) == expected[0]  # this process: untouched

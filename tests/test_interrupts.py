@@ -183,11 +183,12 @@ def test_keyboard_interrupt_from_a_signal_handler_anywhere_in_next_never_hangs()
     assert result["batches"] > 0
 
 
-def test_a_sigint_while_iter_starts_the_loop_thread_raises_from_iter_and_leaves_no_thread(
+def test_a_sigint_while_the_loop_thread_starts_raises_from_next_and_leaves_no_thread(
     ids_1003, monkeypatch
 ):
-    """The held-back Ctrl-C is raised at the end of the iterator's start: iter() raises it, and
-    the half-returned iterator is still closed by garbage collection (its loop thread ends)."""
+    """The held-back Ctrl-C is raised at the end of the iterator's start, in the first next() (the
+    loop thread starts there): next() raises it, and the half-built iterator is still closed by
+    garbage collection (its loop thread ends)."""
     import contextlib
     import gc
 
@@ -206,8 +207,9 @@ def test_a_sigint_while_iter_starts_the_loop_thread_raises_from_iter_and_leaves_
 
     loader = PrefetchLoader(ids_1003, 100, columns=["id"])
     monkeypatch.setattr(anyio.from_thread, "start_blocking_portal", portal_then_sigint)
+    iterator = iter(loader)  # nothing starts before the first next()
     with pytest.raises(KeyboardInterrupt):
-        iter(loader)
+        next(iterator)
     monkeypatch.undo()
     gc.collect()
     assert wait_until(lambda: not loop_threads(), timeout=3.0)

@@ -92,7 +92,8 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
 
     Counted outside the prefetcher: a wrapper of LanceSource.take counts takes running at once and
     takes started; a transform marks each batch finished; the loop counts what it consumed. The
-    loop calls next() only once its next batch is finished (so next() hands over at once), and
+    loop calls next() only once its next batch is finished (so next() hands over at once; but the
+    first next(), which starts the reads), and
     while it waits it samples ``takes running + finished batches not consumed``. At every take's
     start, ``takes started - consumed`` (minus the one being handed over, whose slot next() has
     just given back) is what the loader holds, the new take included.
@@ -150,7 +151,7 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
     received = []
     for position in range(len(expected)):
         deadline = time.monotonic() + 30
-        while True:
+        while position > 0:  # (the first next() is what starts the reads)
             with lock:
                 held_while_waiting.append(count["running"] + len(finished) - count["consumed"])
                 if position in finished:

@@ -12,10 +12,10 @@ import lance_prefetch
 
 PACKAGE = pathlib.Path(lance_prefetch.__file__).parent
 #: The modules users read as rule books; everything else is private machinery.
-PUBLIC = ["convert", "permutation", "retry", "sampling", "state"]
+PUBLIC = ["convert", "lightning", "permutation", "retry", "sampling", "state"]
 PRIVATE = [
-    "_blocking", "_budget", "_cache", "_cli", "_coalesce", "_config", "_demo", "_epochs",
-    "_errors", "_exit_guard", "_facade", "_interrupts", "_iteration", "_loader", "_mapstyle",
+    "_blocking", "_budget", "_cache", "_cli", "_coalesce", "_config", "_demo", "_device",
+    "_epochs", "_errors", "_exit_guard", "_facade", "_frameworks", "_interrupts", "_iteration", "_loader", "_mapstyle",
     "_periods", "_positions", "_prefetcher", "_ranks", "_shutdown", "_slots", "_source",
     "_storage", "_telemetry", "_tuning", "_uris", "_validate", "_bench", "_bench.config",
     "_bench.contenders", "_bench.data", "_bench.latency_proxy", "_bench.local_s3",

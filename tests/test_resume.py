@@ -142,8 +142,7 @@ def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(
     assert state.get("permutation", "array") == loader.permutation == permutation_kind
     loader = make_loader(ids_1003, 10, columns=["id"])
     loader.load_state_dict(state)
-    assert collect(loader) == []  # the rest of epoch 0: nothing
-    joined += collect(loader)  # then, without set_epoch, the next epoch
+    joined += collect(loader)  # nothing is left of epoch 0: without set_epoch, the next epoch
     assert loader.epoch == 1
     assert joined == expected
     # The same with a loop that calls set_epoch(saved epoch), then set_epoch(next).
@@ -337,26 +336,35 @@ def test_load_state_dict_while_an_iterator_is_live_raises(ids_1003, permutation_
 
 
 @pytest.mark.slow
-def test_rank_is_resolved_once_and_carried_into_workers(ids_1003, monkeypatch):
-    """The process group wins over RANK/WORLD_SIZE; workers use the stored values, never their
-    own environment (here changed after construction, and inherited by the spawned workers)."""
+def test_detected_ranks_follow_the_process_and_workers_read_their_parents(ids_1003, monkeypatch):
+    """The process group wins over RANK/WORLD_SIZE; detected ranks are detected again where the
+    loader is used (here the environment changes after construction: the new ranks are read);
+    DataLoader workers read the ranks their parent had when it started them, never their own
+    environment; given ranks always win."""
     import torch.distributed as dist
+
+    from lance_prefetch._ranks import Ranks
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         from_group = PrefetchLoader(ids_1003, 10, columns=["id"])
+        assert (from_group.rank, from_group.world_size) == (0, 1)
     finally:
         dist.destroy_process_group()
-    assert (from_group.rank, from_group.world_size) == (0, 1)
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"])  # no group: the environment
-    assert (loader.rank, loader.world_size) == (1, 3)
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert (from_group.rank, from_group.world_size) == (1, 3)  # no group any more: RANK
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"])
+    given = PrefetchLoader(ids_1003, 10, columns=["id"], rank=0, world_size=1)
+    monkeypatch.setenv("RANK", "2")
+    assert (loader.rank, loader.world_size, given.rank, given.world_size) == (2, 3, 0, 1)
     assert collect(loader, num_workers=2, epoch=0) == uninterrupted(
-        ids_1003, 0, rank=1, world_size=3
+        ids_1003, 0, rank=2, world_size=3
     )
+    ranks = Ranks(None, None)
+    monkeypatch.setenv("RANK", "0")
+    assert ranks.current(in_worker=True) == (2, 3)  # a worker: the parent's, as pickled
+    assert ranks.current(in_worker=False) == (0, 3)
 
 
 def test_stateful_dataloader_without_workers(make_loader, ids_1003, permutation_kind):
@@ -429,7 +437,7 @@ def test_stateful_dataloader_restores_an_epochs_end(ids_1003, after_stop):
 def test_an_elastic_epochs_end_with_padding_loads(make_loader, ids_1003, permutation_kind):
     """drop_last=False, 2 ranks stop at 34, 3 ranks finish the epoch (at 34 + 23 * 3 = 103, past
     the 101 batches the rows fill): it is saved as the end (101), which loads on any number of
-    ranks, leaves nothing of the epoch, and the next one follows."""
+    ranks: the next iteration reads the next epoch (nothing is left of the saved one)."""
     before = make_loader(ids_1003, 10, columns=["id"], rank=0, world_size=2, drop_last=False)
     iterator = iter(before)
     take(iterator, 17)
@@ -443,13 +451,12 @@ def test_an_elastic_epochs_end_with_padding_loads(make_loader, ids_1003, permuta
     assert end["position"] == 101 and end["world_size"] == 3
     assert loader.epoch_plan().permutation_kind == permutation_kind
     loader.load_state_dict(end)
-    assert collect(loader) == []
     assert collect(loader) == uninterrupted(ids_1003, 1, rank=2, world_size=3, drop_last=False)
     single = make_loader(ids_1003, 10, columns=["id"], drop_last=False)  # 1 rank
     single.load_state_dict(end)
     assert single.state_dict() == end | {"world_size": 1}
     single.load_state_dict(single.state_dict())  # a state it saved itself always loads
-    assert collect(single) == []
+    assert collect(single) == uninterrupted(ids_1003, 1, drop_last=False)
 
 
 def test_relative_and_absolute_paths_name_the_same_dataset(ids_1003, monkeypatch):

@@ -268,3 +268,55 @@ def test_skip_resumes_each_worker_at_its_own_next_batch(num_workers, permutation
         assert sorted(p for ps in per_worker for p in ps) == positions[skip:]
         for w, ps in enumerate(per_worker):
             assert all((p - 1) // 2 % num_workers == w and (p - 1) // 2 >= skip for p in ps)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_shuffle_false_without_drop_last_reads_every_row_once_in_order(world_size):
+    """23 rows in batches of 4: 6 global batches (the last of 3 rows) dealt round-robin, nothing
+    padded; ranks past the last batch's rank have one batch fewer; every epoch the same."""
+    plans = [
+        EpochPlan(
+            num_rows=23,
+            batch_size=4,
+            epoch=epoch,
+            world_size=world_size,
+            drop_last=False,
+            shuffle=False,
+            seed=9,
+        )  # fmt: skip
+        for epoch in (0, 3)
+    ]
+    for plan in plans:
+        assert plan.permutation_kind == "identity" and plan.num_batches == 6 and plan.end == 6
+        assert (plan.num_padded, plan.num_dropped, plan.last_batch_size) == (0, 0, 3)
+        per_rank = [[b.indices.tolist() for b in plan.rank_batches(r)] for r in range(world_size)]
+        assert [len(batches) for batches in per_rank] == [
+            plan.batches_of(r) for r in range(world_size)
+        ]
+        assert [plan.batches_of(r) for r in range(world_size)] == [
+            len(range(r, 6, world_size)) for r in range(world_size)
+        ]
+        merged = [per_rank[g % world_size][g // world_size] for g in range(6)]
+        assert sum(merged, []) == list(range(23))  # dataset order, every row once
+        workers = [
+            b.indices.tolist()
+            for w in range(2)
+            for b in plan.rank_batches(0, worker_id=w, num_workers=2)
+        ]
+        assert sorted(map(tuple, workers)) == sorted(map(tuple, per_rank[0]))
+
+
+def test_shuffle_false_with_drop_last_keeps_full_equal_rounds():
+    plan = EpochPlan(num_rows=23, batch_size=4, world_size=2, shuffle=False)
+    assert plan.batches_per_rank == 2 and plan.num_dropped == 7
+    assert [b.indices.tolist() for b in plan.rank_batches(1)] == [[4, 5, 6, 7], [12, 13, 14, 15]]
+
+
+def test_shuffle_false_resumes_from_a_position_on_other_ranks():
+    """Stopped after 3 global batches of the 6: the rest (rows 12-22) on 2 ranks, once each."""
+    rest = EpochPlan(num_rows=23, batch_size=4, world_size=2, drop_last=False, shuffle=False,
+                     start=3)  # fmt: skip
+    ids = [i for r in range(2) for b in rest.rank_batches(r) for i in b.indices.tolist()]
+    assert (
+        sorted(ids) == list(range(12, 23)) and rest.batches_of(0) == 2 and rest.batches_of(1) == 1
+    )

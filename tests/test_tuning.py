@@ -436,7 +436,7 @@ def test_auto_readahead_grows_against_slow_takes_and_reads_exactly(ids_1003, mon
     loader = PrefetchLoader(
         ids_1003, 2, readahead="auto", max_in_flight="auto", coalesce=1, drop_last=False
     )
-    loader._tuner.period_s = 0.25  # ~30 batches a period at the start: a steady rows/s
+    loader._resolved.tuner.period_s = 0.25  # ~30 batches a period at the start: a steady rows/s
     seen = []
     batches = []
     for batch in loader:
@@ -444,11 +444,15 @@ def test_auto_readahead_grows_against_slow_takes_and_reads_exactly(ids_1003, mon
         seen.append(loader.stats().max_in_flight)
     assert batch_ids(batches) == expected_rank_ids(loader)
     assert seen[0] == 4 and max(seen) >= 8
-    assert loader._tuner.level >= 8
+    assert loader._resolved.tuner.level >= 8
     # the next iteration starts where this one ended (a probe not judged yet undone); no
     # period ends during its first batch, so the level cannot move before it is read
-    level = loader._tuner.probe[1] if loader._tuner.probe else loader._tuner.level
-    loader._tuner.period_s = 3600.0
+    level = (
+        loader._resolved.tuner.probe[1]
+        if loader._resolved.tuner.probe
+        else loader._resolved.tuner.level
+    )
+    loader._resolved.tuner.period_s = 3600.0
     loader.set_epoch(1)
     iterator = iter(loader)
     next(iterator)
@@ -463,7 +467,7 @@ def test_auto_starts_at_one_take_in_flight_with_the_memory_cache(ids_1003):
     memory = PrefetchLoader(ids_1003, 4, readahead="auto", max_in_flight="auto", cache="memory")
     files = PrefetchLoader(ids_1003, 4, readahead="auto", max_in_flight="auto")
     for loader, level in ((memory, START_LEVEL_MEMORY), (files, START_LEVEL)):
-        loader._tuner.period_s = 3600.0  # no decision during the test
+        loader._resolved.tuner.period_s = 3600.0  # no decision during the test
         iterator = iter(loader)
         first = next(iterator)
         stats = loader.stats()

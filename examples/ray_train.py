@@ -1,0 +1,146 @@
+"""Train with Ray Train on a Lance dataset: disjoint rows per worker, checkpoint, resume exactly.
+
+    python examples/ray_train.py --uri /tmp/ray.lance --storage /tmp/ray-runs
+
+What it shows (docs/frameworks.md explains each):
+- A ``PrefetchLoader`` built in the driver and passed in ``train_loop_config`` (or built inside
+  the train loop, ``--build loop``) reads, in each Ray Train worker, the share of the rank
+  that worker has: ranks are read where the loader reads, from the process group Ray sets up.
+- Rank 0 saves ``loader.state_dict()`` with the model in the checkpoint it reports through
+  ``ray.train.report(checkpoint=...)``; an attempt restarted from it (``ray.train.get_checkpoint()``:
+  after a failure, with ``FailureConfig(max_failures=...)``, or a run started again with the same
+  name and storage path) reads the batches the uninterrupted run would have.
+
+The first attempt fails after ``--stop-after`` steps (a stand-in for a lost worker); Ray Train
+restarts the workers, which resume from the checkpoint reported at that step and finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+import ray
+import ray.train
+import torch
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer, prepare_model
+from torch import nn
+
+from lance_prefetch import PrefetchLoader
+
+FEATURES, CLASSES = 16, 4
+COLUMNS = ["id", "features", "label"]
+
+
+def write_dataset(uri: str, num_rows: int) -> None:
+    """``id`` (int64), ``features`` (16 x float32) and a ``label`` (int64) that the features predict."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, CLASSES, num_rows)
+    centers = rng.normal(size=(CLASSES, FEATURES)).astype(np.float32)
+    features = centers[labels] + 0.5 * rng.normal(size=(num_rows, FEATURES)).astype(np.float32)
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(num_rows)),
+            "features": pa.FixedSizeListArray.from_arrays(pa.array(features.ravel()), FEATURES),
+            "label": pa.array(labels),
+        }
+    )
+    lance.write_dataset(table, uri, max_rows_per_file=400)
+
+
+def train_loop(config: dict) -> None:
+    """One Ray Train worker: resume from the run's checkpoint if there is one, train, report."""
+    rank = ray.train.get_context().get_world_rank()
+    checkpoint = ray.train.get_checkpoint()  # a restarted attempt: the latest one reported
+    loader = config.get("loader")  # built in the driver, pickled into this worker
+    if loader is None or (checkpoint and config["build"] == "both"):
+        loader = PrefetchLoader(config["uri"], config["batch_size"], columns=COLUMNS, seed=0)
+    torch.manual_seed(0)
+    model = prepare_model(nn.Linear(FEATURES, CLASSES))  # DistributedDataParallel over gloo
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step, first_epoch = 0, 0
+    if checkpoint:
+        with checkpoint.as_directory() as folder:
+            saved = torch.load(Path(folder) / "state.pt", weights_only=False)
+        model.module.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        loader.load_state_dict(saved["data"])
+        step, first_epoch = saved["step"], saved["data"]["epoch"]
+    record = open(config["record"].format(rank=rank), "a") if config.get("record") else None
+    for epoch in range(first_epoch, config["epochs"]):
+        loader.set_epoch(epoch)  # keeps a resumed position in its epoch
+        for batch in loader:
+            loss = nn.functional.cross_entropy(model(batch["features"]), batch["label"])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if record:
+                record.write(json.dumps({"epoch": epoch, "ids": batch["id"].tolist()}) + "\n")
+                record.flush()
+            if step % config["checkpoint_every"] == 0 or step == config.get("stop_after"):
+                report(loader, model, optimizer, step, rank, loss.item())
+            if step == config.get("stop_after") and not checkpoint:
+                raise RuntimeError(f"a stand-in failure at step {step}")  # Ray Train restarts
+    if record:
+        record.close()
+
+
+def report(loader, model, optimizer, step: int, rank: int, loss: float) -> None:
+    """Report the metrics on every rank, with a checkpoint from rank 0 (the state is the same on
+    every rank)."""
+    data = loader.state_dict()
+    with tempfile.TemporaryDirectory() as folder:
+        checkpoint = None
+        if rank == 0:
+            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                     "data": data, "step": step}  # fmt: skip
+            torch.save(state, Path(folder) / "state.pt")
+            checkpoint = Checkpoint.from_directory(folder)
+        ray.train.report({"step": step, "loss": loss}, checkpoint=checkpoint)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--uri", required=True, help="Lance dataset (created if missing)")
+    parser.add_argument("--storage", required=True, help="Ray Train storage_path (a folder)")
+    parser.add_argument("--rows", type=int, default=1003, help="rows of a created dataset")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--stop-after", type=int, default=67, help="fail once after N steps")
+    parser.add_argument("--checkpoint-every", type=int, default=20, help="steps")
+    parser.add_argument(
+        "--build",
+        choices=["driver", "loop", "both"],
+        default="driver",
+        help="where the loader is built; both: the driver, then the loop",
+    )
+    parser.add_argument("--record", default=None, help="append each step's ids here ({rank})")
+    args = parser.parse_args()
+    if not os.path.exists(args.uri):
+        write_dataset(args.uri, args.rows)
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    config = {"uri": args.uri, "batch_size": args.batch_size, "epochs": args.epochs,
+              "checkpoint_every": args.checkpoint_every, "record": args.record,
+              "stop_after": args.stop_after, "build": args.build}  # fmt: skip
+    if args.build != "loop":  # pickled to each worker; ranks are read there
+        config["loader"] = PrefetchLoader(args.uri, args.batch_size, columns=COLUMNS, seed=0)
+    run = RunConfig(name="lance-prefetch-example", storage_path=os.path.abspath(args.storage),
+                    failure_config=FailureConfig(max_failures=1))  # fmt: skip
+    result = TorchTrainer(train_loop, train_loop_config=config,
+                          scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+                          run_config=run).fit()  # fmt: skip
+    print(f"run ended at step {result.metrics['step']}, checkpoint {result.checkpoint.path}")
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

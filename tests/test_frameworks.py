@@ -1,0 +1,147 @@
+"""The training frameworks, for real: Lightning (``ddp``, ``ddp_spawn``), Accelerate and Ray Train,
+each in 2 CPU processes (gloo), running the documented examples and checking every batch's ids
+against the loader's own plan.
+
+The frameworks are installed by ``make test`` (the ``frameworks`` extra): a missing one fails
+here at import, never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import accelerate  # noqa: F401  (installed: a missing framework fails the module)
+import lightning  # noqa: F401
+import pytest
+import ray  # noqa: F401
+
+from lance_prefetch import PrefetchLoader
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+ROWS, BATCH = 403, 10  # 20 batches per rank and epoch on 2 ranks (the 3-row tail dropped)
+
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(300)]
+
+
+def run(command: list[str], timeout: float = 150) -> str:
+    """Run ``command`` in its own session; its stdout. Fails the test on a non-zero exit, and on a
+    timeout kills everything it started (Ray's cluster included) first."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "RAY_USAGE_STATS_ENABLED": "0"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, start_new_session=True)  # fmt: skip
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"{command[1:3]} ran past {timeout} s:\n{out}\n{err[-3000:]}")
+    assert process.returncode == 0, out + err[-5000:]
+    return out
+
+
+def records(pattern: str) -> dict[tuple[str, int, int], list[list[int]]]:
+    """``(stage, rank, epoch) -> [ids of each batch]`` from the examples' --record files."""
+    steps: dict[tuple[str, int, int], list[list[int]]] = {}
+    for rank in range(2):
+        for line in Path(pattern.format(rank=rank)).read_text().splitlines():
+            record = json.loads(line)
+            key = (record.get("stage", "train"), rank, record["epoch"])
+            steps.setdefault(key, []).append(record["ids"])
+    return steps
+
+
+def plan(uri: str, epoch: int, rank: int) -> list[list[int]]:
+    """The batches rank ``rank`` of 2 reads in ``epoch`` (seed 0)."""
+    loader = PrefetchLoader(uri, BATCH, columns=["id"], rank=rank, world_size=2, seed=0)
+    return [batch.indices.tolist() for batch in loader.epoch_plan(epoch).rank_batches(rank)]
+
+
+def check_epochs(uri: str, steps: dict, epochs: range) -> None:
+    """Training epoch ``k`` read permutation ``k`` on each rank: 400 distinct ids over the ranks."""
+    for epoch in epochs:
+        for rank in range(2):
+            assert steps["train", rank, epoch] == plan(uri, epoch, rank), (rank, epoch)
+        ids = [i for rank in range(2) for batch in steps["train", rank, epoch] for i in batch]
+        assert len(ids) == len(set(ids)) == 400
+
+
+def check_validation(steps: dict, epochs: range) -> None:
+    """Each validation pass (shuffle=False): every row once over the ranks, in dataset order."""
+    for epoch in epochs:
+        ids = [i for rank in range(2) for batch in steps["val", rank, epoch] for i in batch]
+        assert sorted(ids) == list(range(ROWS))
+        for rank in range(2):
+            flat = [i for batch in steps["val", rank, epoch] for i in batch]
+            assert flat == sorted(flat)
+
+
+def lightning_runs(tmp_path: Path, strategy: str) -> str:
+    """tests/support/lightning_runs.py: the example's fits, in one launch of ``strategy``."""
+    script = Path(__file__).parent / "support" / "lightning_runs.py"
+    return run([sys.executable, str(script), strategy, str(tmp_path)], timeout=240)
+
+
+def test_lightning_ddp_fit_validate_and_resume_from_both_kinds_of_checkpoint(tmp_path):
+    """``ddp``, with the bare loader built in ``setup()`` and with ``StatefulDataLoader`` over
+    loaders built in the DataModule's ``__init__`` (in each ``ddp`` process, before its process
+    group exists): epoch k reads permutation k (Lightning's probe ``iter()`` uses none up),
+    validation covers every row once; runs resumed from the end-of-epoch-0 checkpoint and from
+    the mid-epoch one (step 27: epoch 1, batch 7) read what the uninterrupted run read."""
+    uri = str(tmp_path / "data.lance")
+    out = lightning_runs(tmp_path, "ddp")
+    assert out.count("done: epoch 2, step 40, val_correct") == 6
+    for kind in ("bare", "stateful"):
+        full = records(str(tmp_path / f"{kind}-full-{{rank}}.jsonl"))
+        check_epochs(uri, full, range(2))
+        check_validation(full, range(2))
+        end = records(str(tmp_path / f"{kind}-end-{{rank}}.jsonl"))
+        assert {key for key in end if key[0] == "train"} == {("train", 0, 1), ("train", 1, 1)}
+        check_epochs(uri, end, range(1, 2))
+        mid = records(str(tmp_path / f"{kind}-mid-{{rank}}.jsonl"))
+        for rank in range(2):
+            assert mid["train", rank, 1] == full["train", rank, 1][7:]
+        check_validation(mid, range(1, 2))
+
+
+def test_lightning_ddp_spawn_with_loaders_built_in_init(tmp_path):
+    """``ddp_spawn``, loaders built in the DataModule's ``__init__`` in the launching process
+    (rank 0 of 1 there): each spawned rank reads its own share; validation every row once."""
+    uri = str(tmp_path / "data.lance")
+    assert "done: epoch 2, step 40" in lightning_runs(tmp_path, "ddp_spawn")
+    full = records(str(tmp_path / "spawn-{rank}.jsonl"))
+    check_epochs(uri, full, range(2))
+    check_validation(full, range(2))
+
+
+def test_accelerate_prepare_gives_every_row_once(tmp_path):
+    """``accelerator.prepare(DataLoader(loader, batch_size=None))`` over 2 processes, with
+    Accelerate's default dispatcher (and a spawn worker per process), then with
+    ``dispatch_batches=False``: each process gets the batches its rank would read, 400 distinct
+    ids an epoch, 2 epochs."""
+    uri = str(tmp_path / "data.lance")
+    script = Path(__file__).parent / "support" / "accelerate_runs.py"
+    out = run([*TORCHRUN, str(script), str(tmp_path)])
+    for wrapper in ("DataLoaderDispatcher", "DataLoaderShard"):
+        assert f"epoch 1: 20 steps per process, len 20 ({wrapper})" in out
+    for name in ("dispatched", "sharded"):
+        check_epochs(uri, records(str(tmp_path / f"{name}-{{rank}}.jsonl")), range(2))
+
+
+def test_ray_train_two_workers_driver_and_loop_built_resume_exactly(tmp_path):
+    """TorchTrainer, 2 workers, a local Ray cluster: the first attempt, with the loader built in
+    the driver, fails after 27 steps (epoch 1, batch 7) with a checkpoint reported at that step;
+    Ray Train restarts the workers (``FailureConfig(max_failures=1)``), which build the loader in
+    the train loop, load the checkpoint's state and finish epoch 1 exactly."""
+    uri = str(tmp_path / "data.lance")
+    out = run([sys.executable, str(EXAMPLES / "ray_train.py"), "--uri", uri, "--rows", str(ROWS),
+               "--storage", str(tmp_path / "runs"), "--build", "both", "--stop-after", "27",
+               "--checkpoint-every", "10", "--record", str(tmp_path / "ids-{rank}.jsonl")],
+              timeout=240)  # fmt: skip
+    assert "run ended at step 40" in out
+    check_epochs(uri, records(str(tmp_path / "ids-{rank}.jsonl")), range(2))
