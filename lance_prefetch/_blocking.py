@@ -66,6 +66,8 @@ class BlockingPrefetcher(Iterator[R]):
         self._prefetcher = prefetcher
         self._close_timeout_s = close_timeout_s
         self._pid = os.getpid()
+        #: Whether the prefetcher's plan ran out (every item was handed out), not closed early.
+        self.exhausted = False
         self._lock = threading.Lock()
         self._stack: contextlib.ExitStack | None = None
         # A Ctrl-C while the portal starts would leave its loop thread running unowned: deliver it
@@ -98,6 +100,7 @@ class BlockingPrefetcher(Iterator[R]):
         try:
             return self._prefetcher.get(release=release)
         except StopIteration:
+            self.exhausted = True
             self.close(wait=False)
             raise
         except PrefetcherClosed:  # closed from another thread while we waited

@@ -72,6 +72,11 @@ def check_placement(pin_memory: bool, device: str | torch.device | int | None) -
         try:
             target = torch.device(device)
         except (RuntimeError, ValueError) as exc:
+            if isinstance(device, int):  # an accelerator's index
+                raise ValueError(
+                    f"device={device} is an accelerator index, but torch finds no accelerator "
+                    f"here ({exc}); leave device out to get batches in host memory"
+                ) from None
             raise ValueError(f"device={device!r} is not a device torch knows: {exc}") from None
         backend = getattr(torch, target.type, None)
         available = getattr(backend, "is_available", None)
@@ -99,7 +104,11 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, Mapping):
-        return type(batch)({key: to_device(value, device) for key, value in batch.items()})  # type: ignore[call-arg]
+        moved = {key: to_device(value, device) for key, value in batch.items()}
+        try:
+            return type(batch)(moved)  # type: ignore[call-arg]
+        except TypeError:  # a mapping that cannot be built from a dict (as torch's pin_memory)
+            return moved
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*(to_device(value, device) for value in batch))
     if isinstance(batch, (list, tuple)):
@@ -111,12 +120,14 @@ class DeviceFeed:
     """Batches copied to ``device`` one ahead of the training loop.
 
     ``take()`` is the next host batch (raising ``StopIteration`` at the end, or the error of a
-    batch). Each :meth:`next` issues the copy of the batch after the one it returns, then returns
-    the batch whose copy the previous call issued (its stream joined to the current one first):
-    the copy of batch ``k + 1`` overlaps step ``k``. An error ``take()`` raises for the batch
-    after is raised at the call after, once the batches before it are handed out; an interrupt
-    (``KeyboardInterrupt``) is raised at once, and the batch it held back is handed out next.
-    ``delivered()`` is called as each batch is handed out.
+    batch). Each :meth:`next` makes the current stream wait for the copy of the batch it returns
+    (issued at the previous call, on the side stream), then issues the copy of the next batch on
+    the side stream, then returns: the copy of batch ``k + 1`` overlaps step ``k``. On a device
+    whose backend has no streams (``"meta"``) the copies are made in order, in this thread. An
+    error from ``take()`` or from the copy of the next batch is raised at the call after, once
+    the batch before it is handed out; an interrupt (``KeyboardInterrupt``) is raised at once,
+    and the batch it held back is not counted. ``delivered()`` is called as each batch is handed
+    out.
     """
 
     def __init__(self, device: torch.device, take: Callable[[], Any],
@@ -131,16 +142,16 @@ class DeviceFeed:
         self._started = False
 
     def _stage(self) -> Any:
-        """Take the next host batch and issue its copy; ``_NONE`` once ``take()`` raised."""
+        """Take the next host batch and issue its copy; ``_NONE`` once either raised."""
         try:
             host = self._take()
+            if self._stream is None:
+                return to_device(host, self._device)
+            with self._backend.stream(self._stream):  # type: ignore[union-attr]
+                return to_device(host, self._device)
         except Exception as exc:  # StopIteration included: raised after the staged batch
             self._error = exc
             return _NONE
-        if self._stream is None:
-            return to_device(host, self._device)
-        with self._backend.stream(self._stream):  # type: ignore[union-attr]
-            return to_device(host, self._device)
 
     def clear(self) -> None:
         """Drop the staged batch: every later :meth:`next` raises ``StopIteration``."""
@@ -155,11 +166,11 @@ class DeviceFeed:
         if batch is _NONE:
             error, self._error = self._error, StopIteration()
             raise error if error is not None else StopIteration
-        self._staged = self._stage() if self._error is None else _NONE  # an interrupt keeps batch
-        if self._stream is not None:
+        if self._stream is not None:  # before the next copy is queued: wait for this one only
             current = self._backend.current_stream(self._device)  # type: ignore[union-attr]
             current.wait_stream(self._stream)
             _record(batch, current)
+        self._staged = self._stage() if self._error is None else _NONE  # may be interrupted
         self._delivered()
         return batch
 

@@ -42,10 +42,9 @@ def accelerate_caller(dataset: Any) -> tuple[Literal["dispatcher", "shard"], Any
         if frame is None:
             return None
         caller = frame.f_locals.get("self")
-        if getattr(caller, "dataset", None) is dataset:
-            for kind, cls in kinds:
-                if cls is not None and isinstance(caller, cls):
-                    return kind, caller  # type: ignore[return-value]
+        for kind, cls in kinds:  # Accelerate's own classes only: no other object is asked
+            if cls is not None and isinstance(caller, cls) and caller.dataset is dataset:
+                return kind, caller  # type: ignore[return-value]
         frame = frame.f_back
     return None
 

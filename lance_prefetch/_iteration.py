@@ -168,18 +168,29 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         self._tuner = tuner
         self._next_log = None if log_every_s is None else telemetry.started + log_every_s
         self._pending: collections.deque[Any] = collections.deque()  # the rest of a group
+        self._received: collections.deque[tuple[int, float]] = collections.deque()  # not counted
         self._feed = None if device is None else DeviceFeed(device, self._receive, self._count)
         super().__init__(prefetcher)
         telemetry.attach(_counters_of(weakref.ref(self)))  # weak: the loader keeps telemetry
 
     def __next__(self) -> Any:
-        if self._feed is not None:
-            return self._feed.next()
-        item = self._receive()
+        try:
+            if self._feed is not None:
+                return self._feed.next()
+            item = self._receive()
+        except StopIteration:
+            if self.exhausted:  # not closed early: every batch of the share was handed out
+                self._counter.finished = True
+            raise
+        except Exception:
+            self.close(wait=False)  # e.g. a device copy that failed: nothing after it
+            raise
         self._count()
         return item
 
     def _count(self) -> None:
+        rows, waited = self._received.popleft()
+        self._telemetry.record_batch(rows, waited)
         self._counter.delivered += 1
 
     def _receive(self) -> Any:
@@ -208,7 +219,7 @@ class LoaderIterator(BlockingPrefetcher[Any]):
             raise
         rows, item = result
         now = self._telemetry.clock()
-        self._telemetry.record_batch(rows, now - started)
+        self._received.append((rows, now - started))  # recorded when handed out (_count)
         tuner = self._tuner
         if tuner is not None:
             telemetry = self._telemetry

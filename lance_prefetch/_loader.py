@@ -100,9 +100,10 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             ``RuntimeWarning``). Default: ``None``, ``"uring"`` for a ``file+uring://`` URI.
         pin_memory (bool, optional): pin each batch's tensors in the read threads (a
             ``UserWarning`` and no pinning without an accelerator). Default: ``False``.
-        device (str | torch.device, optional): hand batches out on it, each copy issued with
-            ``non_blocking=True`` on a side stream one batch ahead; ``"cpu"``: as read. Not in
-            DataLoader workers (use ``DataLoader(pin_memory=True)`` there). Default: ``None``.
+        device (str | int | torch.device, optional): hand batches out on it, each copy issued
+            with ``non_blocking=True`` one batch ahead (on a side stream where the device has
+            streams); ``"cpu"``: as read. Not in DataLoader workers (use
+            ``DataLoader(pin_memory=True)`` there). Default: ``None``.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).
@@ -145,7 +146,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         cache_dir: str | os.PathLike[str] | None = None,
         max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
         pin_memory: bool = False,
-        device: str | torch.device | None = None,
+        device: str | int | torch.device | None = None,
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch._config.LoaderConfig`).

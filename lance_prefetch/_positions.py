@@ -66,6 +66,7 @@ class DeliveryCounter:
 
     Attributes:
         delivered (int): batches handed to the consumer so far (incremented by the iterator).
+        finished (bool): the iterator was exhausted: every batch of the share was handed out.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class DeliveryCounter:
         self.worker_id, self.num_workers, self.skip = worker_id, num_workers, skip
         self.first = first_local(worker_id, num_workers, skip)
         self.delivered = 0
+        self.finished = False
 
     @property
     def position(self) -> int:
@@ -102,8 +104,9 @@ def saved_position(
 ) -> tuple[int, int, dict[str, int] | None]:
     """``(epoch, position, worker)`` for a checkpoint: what the next iteration reads if it was
     selected (``pending``), else how far the latest iteration in this process got (``counter``,
-    whose decision is the latest one when ``decided``). Outside a worker a finished epoch is
-    saved at ``end`` (:func:`end_position`); inside one, ``worker`` describes its share.
+    whose decision is the latest one when ``decided``). Outside a worker a finished epoch (an
+    exhausted iteration, or a position at ``end``) is saved at ``end`` (:func:`end_position`);
+    inside one, ``worker`` describes its share.
 
     Raises:
         RuntimeError: the latest iteration runs in DataLoader worker processes, so this process
@@ -119,8 +122,8 @@ def saved_position(
             "after set_epoch()"
         )
     epoch, position = counter.decision.epoch, counter.position
-    if not in_worker:
-        return epoch, min(position, end), None
+    if not in_worker:  # a rank's share can end before the epoch's last batch (shuffle=False)
+        return epoch, end if counter.finished else min(position, end), None
     worker = {
         "id": counter.worker_id,
         "num_workers": counter.num_workers,

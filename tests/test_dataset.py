@@ -453,3 +453,25 @@ def test_the_sequential_mode_reads_every_row_once_across_ranks_and_workers(ids_1
     shuffled = PrefetchLoader(ids_1003, 10, columns=["id"], drop_last=False, rank=2, world_size=3)
     with pytest.raises(ValueError, match=r"permutation is 'identity' in the state but 'array'"):
         shuffled.load_state_dict(state)
+
+
+def test_a_rank_with_one_batch_fewer_saves_a_finished_epoch(ids_25):
+    """shuffle=False, 25 rows, batch 5, 3 ranks: rank 2 has 1 batch, ranks 0 and 1 have 2. Each
+    rank that read its whole share saves the epoch's end (the same state on every rank), so a
+    resume reads the next epoch; a share closed early saves where it stopped."""
+    states = []
+    for rank in range(3):
+        loader = PrefetchLoader(ids_25, 5, columns=["id"], shuffle=False, rank=rank, world_size=3)
+        assert len(batch_ids(loader)) == (1 if rank == 2 else 2)
+        states.append(loader.state_dict())
+    assert [(s["epoch"], s["position"]) for s in states] == [(0, 5)] * 3
+    resumed = PrefetchLoader(ids_25, 5, columns=["id"], shuffle=False, rank=0, world_size=3)
+    resumed.load_state_dict(states[2])
+    assert batch_ids(resumed) == [[0, 1, 2, 3, 4], [15, 16, 17, 18, 19]] and resumed.epoch == 1
+    early = PrefetchLoader(ids_25, 5, columns=["id"], shuffle=False, rank=0, world_size=3)
+    iterator = iter(early)
+    next(iterator)
+    iterator.close()
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert early.state_dict()["position"] == 3  # after global batch 0 (rank 0's first)

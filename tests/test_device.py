@@ -28,9 +28,13 @@ def test_options_are_checked_before_any_io():
 
 
 def test_a_device_whose_backend_is_missing_is_refused(monkeypatch):
+    accelerator = torch.cuda.is_available()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"device='cuda:1': torch.cuda.is_available\(\) is False"):
         check_placement(False, "cuda:1")
+    if not accelerator:  # an index names an accelerator
+        with pytest.raises(ValueError, match="device=0 is an accelerator index, but torch finds"):
+            check_placement(False, 0)
 
 
 def test_pin_memory_without_an_accelerator_warns_where_the_loader_is_built(ids_25, monkeypatch):
@@ -156,3 +160,87 @@ def test_to_device_keeps_the_structure():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert check_placement(False, None) == Placement()
+
+
+class FakeStreams:
+    """A stream backend that logs the order of copies and waits (as torch.cuda's API)."""
+
+    def __init__(self, log):
+        self.log = log
+        backend = self
+
+        class Stream:
+            def __init__(self, device):
+                self.name = "side"
+
+            def wait_stream(self, other):
+                backend.log.append(("wait", other.name))
+
+        self.Stream = Stream
+        self._current = Stream(None)
+        self._current.name = "current"
+
+    def current_stream(self, device):
+        return self._current
+
+    def stream(self, stream):
+        log = self.log
+
+        class Context:
+            def __enter__(self):
+                log.append(("copy on", stream.name))
+
+            def __exit__(self, *exc):
+                return False
+
+        return Context()
+
+
+def test_the_step_waits_for_its_own_copy_only(monkeypatch):
+    """Batch k's copy is joined to the current stream before the copy of batch k + 1 is queued on
+    the side stream, so that copy overlaps step k."""
+    takes = Takes([[0], [1], [2]])
+    log = takes.log
+    monkeypatch.setattr(torch, "meta", FakeStreams(log), raising=False)
+    monkeypatch.setattr("lance_prefetch._device._record", lambda batch, stream: None)
+    f = feed(takes)
+    for _ in range(3):
+        f.next()
+    assert log == [
+        ("take", 0), ("copy on", "side"),  # batch 0 issued at the first call
+        ("wait", "side"), ("take", 1), ("copy on", "side"), ("delivered",),  # hand out 0
+        ("wait", "side"), ("take", 2), ("copy on", "side"), ("delivered",),  # hand out 1
+        ("wait", "side"), ("take", 3), ("delivered",),  # hand out 2; take 3: the end
+    ]  # fmt: skip
+
+
+def test_a_failed_copy_ends_the_iteration_after_the_batch_before_it(ids_1003, monkeypatch):
+    """The copy of batch 3 fails: batches 0..2 are handed out, then the error; nothing after it,
+    and the state says 3, so a resume reads batch 3 again."""
+    real = to_device
+    calls = []
+
+    def flaky(batch, device):
+        calls.append(isinstance(batch, dict))  # a batch, not one of its tensors
+        if sum(calls) == 4 and calls[-1]:
+            raise RuntimeError("copy failed")
+        return real(batch, device)
+
+    monkeypatch.setattr("lance_prefetch._device.to_device", flaky)
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], device="meta")
+    iterator = iter(loader)
+    assert [next(iterator)["id"].device.type for _ in range(3)] == ["meta"] * 3
+    with pytest.raises(RuntimeError, match="copy failed"):
+        next(iterator)
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert loader.state_dict()["position"] == 3 and loader.stats().batches == 3
+
+
+def test_stats_count_the_batches_handed_out(ids_1003):
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], device="meta")
+    iterator = iter(loader)
+    for _ in range(5):
+        next(iterator)
+    assert loader.stats().batches == 5 == loader.state_dict()["position"]
+    iterator.close()
