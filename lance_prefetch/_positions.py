@@ -109,17 +109,18 @@ def saved_position(
     inside one, ``worker`` describes its share.
 
     Raises:
-        RuntimeError: the latest iteration runs in DataLoader worker processes, so this process
-            cannot know the position.
+        RuntimeError: the latest iteration runs in DataLoader worker processes (or ran in the
+            loader this copy was pickled from), so this process cannot know the position.
     """
     if pending is not None and not in_worker:
         return pending.epoch, min(pending.start, end), None
     if counter is None or not (in_worker or decided):
         raise RuntimeError(
-            "this loader's batches are being delivered by DataLoader worker processes, so "
-            "this process cannot tell how many reached the training loop; use torchdata's "
-            "StatefulDataLoader and its state_dict(), or call state_dict() between epochs "
-            "after set_epoch()"
+            "this loader's latest iteration ran elsewhere (in DataLoader worker processes, or "
+            "in the loader this copy was pickled from), so this process cannot tell how many "
+            "batches reached the training loop; with workers use torchdata's "
+            "StatefulDataLoader and its state_dict(); otherwise take state_dict() from the "
+            "loader that iterated, or call it between epochs after set_epoch()"
         )
     epoch, position = counter.decision.epoch, counter.position
     if not in_worker:  # a rank's share can end before the epoch's last batch (shuffle=False)
