@@ -21,34 +21,14 @@ import argparse
 import json
 import os
 
-import lance
-import numpy as np
-import pyarrow as pa
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
+from classification_data import CLASSES, FEATURES, write_dataset
 from torch import nn
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
-
-FEATURES, CLASSES = 16, 4
-
-
-def write_dataset(uri: str, num_rows: int) -> None:
-    """``id`` (int64), ``features`` (16 x float32) and a ``label`` (int64) that the features predict."""
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, CLASSES, num_rows)
-    centers = rng.normal(size=(CLASSES, FEATURES)).astype(np.float32)
-    features = centers[labels] + 0.5 * rng.normal(size=(num_rows, FEATURES)).astype(np.float32)
-    table = pa.table(
-        {
-            "id": pa.array(np.arange(num_rows)),
-            "features": pa.FixedSizeListArray.from_arrays(pa.array(features.ravel()), FEATURES),
-            "label": pa.array(labels),
-        }
-    )
-    lance.write_dataset(table, uri, max_rows_per_file=400)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
