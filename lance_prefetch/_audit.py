@@ -147,6 +147,7 @@ class EpochAudit:
             CoverageError: the check failed (here).
             RuntimeError: the ``torch.distributed`` exchange failed (a rank did not reach the
                 epoch's end within :data:`EXCHANGE_TIMEOUT_S`).
+            OSError: the record could not be written into ``audit_dir``.
         """
         if self._finished:
             return self.report
