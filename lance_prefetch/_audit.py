@@ -129,8 +129,9 @@ class EpochAudit:
         identity: Mapping[str, Any],
     ) -> None:  # fmt: skip
         self.plan, self.share, self.exchange, self.audit_dir = plan, share, exchange, audit_dir
-        self.rule = {**identity, "uri": redact_uri(identity["uri"]), "world_size": plan.world_size, "shuffle": plan.shuffle,
-                     "epoch": plan.epoch, "start": plan.start}  # fmt: skip
+        self.rule = {**identity, "uri": redact_uri(identity["uri"]), "shuffle": plan.shuffle,
+                     "world_size": plan.world_size, "epoch": plan.epoch,
+                     "start": plan.start}  # fmt: skip
         self.record = CoverageRecord(plan.num_rows)
         self.report: AuditReport | None = None
         self._finished = False
@@ -255,10 +256,13 @@ class EpochAudit:
                     bits = received.numpy()
                 yield Delivered(bits, head["repeats"], *head["counts"])
 
+        stream = records()
         try:
-            result: Any = self._check(shares, records())
+            result: Any = self._check(shares, stream)
         except Exception as exc:  # the others must not wait for a verdict that never comes
             result = exc
+            for _ in stream:  # nor in send(): receive what the check did not
+                pass
         _collective(lambda: dist.broadcast_object_list([result], src=0, group=group))
         if isinstance(result, BaseException):
             raise result

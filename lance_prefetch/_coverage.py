@@ -221,8 +221,8 @@ class AuditReport:
         repeated (tuple[tuple[int, int, int], ...]): the first repeated ones, as
             ``(row, times delivered, times the rule says)``.
         unexpected (tuple[int, ...]): the first unexpected row ids.
-        exact (bool): ``False`` when more than :data:`LISTED` extra deliveries were found and
-            repeats were counted, not listed, beyond.
+        exact (bool): ``False`` when more than :data:`LISTED` extra deliveries were found:
+            those beyond are not listed, so the counts are lower bounds (and ``ok`` is ``False``).
     """
 
     uri: str
@@ -246,9 +246,9 @@ class AuditReport:
     @property
     def ok(self) -> bool:
         """Every row delivered as the rule says, every share with the rule's batches."""
-        return not (self.num_missing or self.num_repeated or self.num_unexpected) and all(
-            count.batches == count.expected_batches for count in self.shares
-        )
+        if not self.exact or self.num_missing or self.num_repeated or self.num_unexpected:
+            return False
+        return all(count.batches == count.expected_batches for count in self.shares)
 
     def summary(self) -> str:
         """One line: the verdict and its counts."""

@@ -106,14 +106,12 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             with ``non_blocking=True`` one batch ahead (on a side stream where the device has
             streams); ``"cpu"``: as read. Not in DataLoader workers (use
             ``DataLoader(pin_memory=True)`` there). Default: ``None``.
-        audit (bool, optional): record the rows handed out (1 bit a row) and check at each
-            epoch's end, over every rank and worker, that each was delivered as the rule of
-            :mod:`~lance_prefetch.sampling` says; a failure raises ``CoverageError`` from the
-            last ``next()``, a pass is :attr:`audit_report`. An epoch not read to its end is
-            not audited. Default: ``False``.
-        audit_dir (str | os.PathLike, optional): a folder every rank and worker can write,
-            where their records meet; needed with DataLoader workers, or several ranks without
-            a ``torch.distributed`` group. Default: ``None``.
+        audit (bool, optional): record the rows handed out (1 bit a row); at each epoch's end
+            check over all ranks and workers that each came as :mod:`~lance_prefetch.sampling`
+            says (a failure: ``CoverageError`` from the last ``next()``; a pass:
+            :attr:`audit_report`). An epoch cut short is not audited. Default: ``False``.
+        audit_dir (str | os.PathLike, optional): a folder all ranks and workers can write, where
+            their records meet (with workers, or ranks without a process group). Default: ``None``.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).
@@ -339,17 +337,15 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         (after ``break``).
 
         Raises:
-            ValueError: ``pin_memory`` or ``device`` in a DataLoader worker; with
-                ``audit=True``, at the first ``next()`` (in a DataLoader worker: here), several
-                records (ranks, workers) and no way for them to meet (pass ``audit_dir``).
+            ValueError: ``pin_memory`` or ``device`` in a DataLoader worker; ``audit=True``
+                with several records and no way to meet (from the first ``next()``).
             RuntimeError: this process was forked from the one that built the loader (Lance is
                 not fork-safe; use ``multiprocessing_context="spawn"``).
             MemoryError, OSError, Exception: with ``cache=``, the fill (once per process, here):
                 ``MemoryError`` above ``cache_bytes``; the scan's own errors, not retried.
             BatchLoadError: from ``next()``: reading, converting or transforming a batch failed;
                 the iterator is then closed.
-            CoverageError: from the epoch's last ``next()``, with ``audit=True``: the audit
-                found rows not delivered as the rule says.
+            CoverageError: from the epoch's last ``next()``: the coverage audit failed.
         """
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
         if get_worker_info() is not None and self.config.placement.active:
@@ -405,10 +401,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
 
     @property
     def audit_report(self) -> AuditReport | None:
-        """With ``audit=True``: the coverage audit's verdict on the latest iteration in this
-        process, once this process checked it (:class:`~lance_prefetch.AuditReport`); ``None``
-        before, while it reads, when it was not read to its end, or when another rank or worker
-        ran the check (``audit_dir``: see its ``report.json``)."""
+        """The coverage audit's :class:`~lance_prefetch.AuditReport` of the latest iteration in
+        this process once checked here; else ``None`` (reading, cut short, checked by another
+        rank or worker: see ``audit_dir``'s report file, or ``audit=False``)."""
         return None if self._audit is None else self._audit.report
 
     def close(self) -> None:
