@@ -2,6 +2,7 @@
 
 The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``),
 :class:`BatchLoadError`, :class:`RetryPolicy`, :class:`LoaderStats` (from ``loader.stats()``),
+:class:`CoverageError` and :class:`AuditReport` (the coverage audit, ``audit=True``),
 :func:`state_from_dataloader`, and for PyTorch's own samplers the map-style
 :class:`LanceMapDataset` with its :func:`collate`. The public modules are the rule books:
 :mod:`~lance_prefetch.sampling` (which rows in which batch), :mod:`~lance_prefetch.permutation`
@@ -16,7 +17,9 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
+from ._coverage import AuditReport as AuditReport
 from ._errors import BatchLoadError as BatchLoadError
+from ._errors import CoverageError as CoverageError
 from ._telemetry import LoaderStats as LoaderStats
 from .retry import RetryPolicy as RetryPolicy
 from .state import state_from_dataloader as state_from_dataloader
@@ -50,7 +53,9 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
 __all__ = [
+    "AuditReport",
     "BatchLoadError",
+    "CoverageError",
     "LanceMapDataset",
     "LoaderStats",
     "PrefetchLoader",

@@ -114,8 +114,8 @@ class LoaderConfig:
     Raises:
         TypeError, ValueError: a field has the wrong type or value, or two fields contradict
             each other (``max_in_flight > readahead``, ``coalesce > readahead``, ``cache_bytes``
-            or ``cache_dir`` without their cache, ``rank`` without ``world_size``, ``device``
-            unavailable).
+            or ``cache_dir`` without their cache, ``audit_dir`` without ``audit``, ``rank``
+            without ``world_size``, ``device`` unavailable).
     """
 
     batch_size: int
@@ -141,6 +141,8 @@ class LoaderConfig:
     max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES
     pin_memory: bool = False
     device: Any = None
+    audit: bool = False
+    audit_dir: str | os.PathLike[str] | None = None
     source_options: SourceOptions = field(init=False, repr=False, compare=False)
     placement: Placement = field(init=False, repr=False, compare=False)
 
@@ -192,6 +194,7 @@ class LoaderConfig:
         if isinstance(self.readahead, int):
             coalesce_size(self.coalesce, self.batch_size, self.readahead)  # coalesce <= readahead
         check_folder("cache_dir", self.cache_dir)
+        _check_audit(self)
         _set(self, "placement", check_placement(self.pin_memory, self.device))
         _set(self, "source_options", SourceOptions(
             columns=self.columns, version=self.version,
@@ -272,6 +275,19 @@ def _check_rank_pair(rank: Any, world_size: Any) -> bool:
     if rank is not None:
         check_rank(rank, world_size)
     return rank is not None
+
+
+def _check_audit(config: LoaderConfig) -> None:
+    """``audit`` a bool; ``audit_dir`` a folder (as a ``str``), with ``audit=True`` only."""
+    _set(config, "audit", check_bool("audit", config.audit))
+    if config.audit_dir is None:
+        return
+    if not config.audit:
+        raise ValueError(
+            "audit_dir applies to audit=True only (where the coverage audit's records meet), but "
+            "audit=False; pass audit=True or leave audit_dir out"
+        )
+    _set(config, "audit_dir", os.fspath(check_folder("audit_dir", config.audit_dir)))
 
 
 def _check_retry(retry: Any) -> RetryPolicy | None:

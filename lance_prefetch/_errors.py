@@ -1,11 +1,12 @@
-"""The error a batch's failure reaches the training loop as (re-exported by :mod:`~lance_prefetch._loader`)."""
+"""The errors that reach the training loop from ``next()``: a batch that failed
+(:class:`BatchLoadError`) and an epoch that failed its coverage audit (:class:`CoverageError`)."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-__all__ = ["BatchLoadError"]
+__all__ = ["BatchLoadError", "CoverageError"]
 
 
 class BatchLoadError(RuntimeError):
@@ -51,3 +52,23 @@ class BatchLoadError(RuntimeError):
             ),
             self.args,
         )
+
+
+class CoverageError(RuntimeError):
+    """The coverage audit (``PrefetchLoader(audit=True)``) found an epoch whose rows were not
+    delivered as its rule says: rows missing, repeated or unexpected, or records that disagree
+    on what was read. Raised by the epoch's last ``next()`` instead of ``StopIteration``, in the
+    process that ran the check; the message holds the counts, the first ids, the epoch and the
+    ranks and workers involved.
+
+    Attributes:
+        report (AuditReport | None): the full verdict (``None`` when the records disagreed, or
+            when the error was re-raised by a DataLoader worker, whose message holds it).
+    """
+
+    def __init__(self, message: str, *, report: Any = None) -> None:
+        super().__init__(message)  # message alone: DataLoader workers re-raise it so
+        self.report = report
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return functools.partial(CoverageError, report=self.report), self.args

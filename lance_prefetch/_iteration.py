@@ -16,9 +16,10 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from ._audit import EpochAudit
 from ._blocking import BlockingPrefetcher
 from ._coalesce import Group, groups, split
 from ._config import LoaderConfig, Resolved
@@ -35,7 +36,7 @@ from .convert import to_tensors
 from .retry import RetryPolicy
 from .sampling import EpochPlan, PlannedBatch
 
-__all__ = ["BatchReader", "LazyIteration", "LoaderIterator", "start_iteration"]
+__all__ = ["BatchReader", "LazyIteration", "LoaderIterator", "deliveries", "start_iteration"]
 
 _stats_logger = logging.getLogger("lance_prefetch.stats")
 
@@ -93,7 +94,7 @@ class BatchReader:
                 error.__cause__ = exc
                 results.append(error)
                 break
-            results.append((piece.num_rows, converted))
+            results.append((batch.indices, converted))
         return results
 
     def read_error(self, error: FetchError) -> BatchLoadError:
@@ -146,6 +147,10 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         device (torch.device, optional): hand batches out on it, each copy issued one batch
             ahead (:class:`~lance_prefetch._device.DeviceFeed`); a batch counts as delivered
             when handed out.
+        audit (EpochAudit, optional): with ``audit=True``, records each batch handed out; at
+            the share's end its check runs, and a failed one raises
+            :class:`~lance_prefetch.CoverageError` from the last ``next()`` instead of
+            ``StopIteration``.
     """
 
     def __init__(
@@ -158,6 +163,7 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         log_every_s: float | None,
         tuner: DepthTuner | None,
         device: Any = None,
+        audit: EpochAudit | None = None,
     ) -> None:
         # Set before the prefetcher starts: a Ctrl-C held back during its start is raised at the
         # end of super().__init__(), and close() (run by garbage collection) needs them.
@@ -166,9 +172,11 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         self._telemetry = telemetry
         self._log_every_s = log_every_s
         self._tuner = tuner
+        self._audit = audit
         self._next_log = None if log_every_s is None else telemetry.started + log_every_s
         self._pending: collections.deque[Any] = collections.deque()  # the rest of a group
-        self._received: collections.deque[tuple[int, float]] = collections.deque()  # not counted
+        # (row offsets, seconds waited) of batches received, not yet counted
+        self._received: collections.deque[tuple[Any, float]] = collections.deque()
         self._feed = None if device is None else DeviceFeed(device, self._receive, self._count)
         super().__init__(prefetcher)
         telemetry.attach(_counters_of(weakref.ref(self)))  # weak: the loader keeps telemetry
@@ -179,19 +187,26 @@ class LoaderIterator(BlockingPrefetcher[Any]):
                 return self._feed.next()
             item = self._receive()
         except StopIteration:
-            if self.exhausted:  # not closed early: every batch of the share was handed out
-                self._counter.finished = True
-            raise
+            if not self.exhausted:  # closed early: not the share's end
+                raise
+            self._counter.finished = True  # every batch of the share was handed out
+            if self._audit is None:
+                raise
         except Exception:
             self.close(wait=False)  # e.g. a device copy that failed: nothing after it
             raise
-        self._count()
-        return item
+        else:
+            self._count()
+            return item
+        self._audit.finish()  # the epoch's end: a failed check raises CoverageError (once)
+        raise StopIteration
 
     def _count(self) -> None:
-        rows, waited = self._received.popleft()
-        self._telemetry.record_batch(rows, waited)
+        indices, waited = self._received.popleft()
+        self._telemetry.record_batch(len(indices), waited)
         self._counter.delivered += 1
+        if self._audit is not None:
+            self._audit.add(indices)
 
     def _receive(self) -> Any:
         """The next batch from the prefetcher (not yet counted as delivered)."""
@@ -217,9 +232,9 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         except BaseException:
             self._telemetry.end()
             raise
-        rows, item = result
+        indices, item = result
         now = self._telemetry.clock()
-        self._received.append((rows, now - started))  # recorded when handed out (_count)
+        self._received.append((indices, now - started))  # recorded when handed out (_count)
         tuner = self._tuner
         if tuner is not None:
             telemetry = self._telemetry
@@ -308,11 +323,12 @@ def start_iteration(
     rank: int | None,
     config: LoaderConfig,
     resolved: Resolved,
+    audit: EpochAudit | None = None,
 ) -> LoaderIterator:
     """Start reading ``plan`` for ``rank`` (``None``: every rank's batches, in global order) and
     the worker share ``counter`` describes, in groups of ``resolved.coalesce`` batches: with the
     ``readahead`` and ``max_in_flight`` of ``config``, or (``"auto"``) the bounds its tuner
-    reached so far; batches placed as ``config.placement`` says."""
+    reached so far; batches placed as ``config.placement`` says, recorded by ``audit``."""
     readahead, max_in_flight, tuner = config.readahead, config.max_in_flight, resolved.tuner
     if tuner is not None:
         bounds = tuner.restart()
@@ -322,6 +338,7 @@ def start_iteration(
         batches = plan.all_batches(worker_id=worker_id, num_workers=num_workers, skip=skip)
     else:
         batches = plan.rank_batches(rank, worker_id=worker_id, num_workers=num_workers, skip=skip)
+    batches = deliveries(batches, plan)
     reader = BatchReader(source, epoch=plan.epoch, transform=config.transform,
                          retry=config.retry, telemetry=telemetry,
                          placement=config.placement)  # fmt: skip
@@ -331,7 +348,17 @@ def start_iteration(
                             size=len)  # fmt: skip
     return LoaderIterator(prefetcher, reader=reader, counter=counter, telemetry=telemetry,
                           log_every_s=config.log_every_s, tuner=tuner,
-                          device=config.placement.device)  # fmt: skip
+                          device=config.placement.device, audit=audit)  # fmt: skip
+
+
+def deliveries(batches: Iterator[PlannedBatch], plan: EpochPlan) -> Iterator[PlannedBatch]:
+    """The planned batches an iteration reads and hands out, in order: ``batches`` as they are.
+
+    A test seam (private): tests replace it (``monkeypatch.setattr(_iteration, "deliveries",
+    ...)``, or in a DataLoader worker from ``worker_init_fn``) to hand a batch out twice or not
+    at all, which the coverage audit must catch; the library never changes it.
+    """
+    return batches
 
 
 def _counters_of(

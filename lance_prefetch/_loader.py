@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._audit import EpochAudit, choose_exchange, open_audit
 from ._cache import with_cache
 from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, LoaderConfig
+from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade
 from ._frameworks import reads_every_rank
@@ -104,6 +106,12 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             with ``non_blocking=True`` one batch ahead (on a side stream where the device has
             streams); ``"cpu"``: as read. Not in DataLoader workers (use
             ``DataLoader(pin_memory=True)`` there). Default: ``None``.
+        audit (bool, optional): record the rows handed out (1 bit a row); at each epoch's end
+            check over all ranks and workers that each came as :mod:`~lance_prefetch.sampling`
+            says (a failure: ``CoverageError`` from the last ``next()``; a pass:
+            :attr:`audit_report`). An epoch cut short is not audited. Default: ``False``.
+        audit_dir (str | os.PathLike, optional): a folder all ranks and workers can write, where
+            their records meet (with workers, or ranks without a process group). Default: ``None``.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).
@@ -147,6 +155,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
         pin_memory: bool = False,
         device: str | int | torch.device | None = None,
+        audit: bool = False,
+        audit_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch._config.LoaderConfig`).
@@ -157,11 +167,12 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             storage_options=storage_options, version=version, transform=transform, retry=retry,
             permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
             cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
-            pin_memory=pin_memory, device=device,
+            pin_memory=pin_memory, device=device, audit=audit, audit_dir=audit_dir,
         )  # fmt: skip
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
         self._counter: DeliveryCounter | None = None  # ... and how far it got
+        self._audit: EpochAudit | None = None  # ... and its coverage audit
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
         self._every_rank = False  # a DataLoader worker of Accelerate's dispatcher reads all
@@ -326,13 +337,15 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         (after ``break``).
 
         Raises:
-            ValueError: ``pin_memory`` or ``device`` in a DataLoader worker.
+            ValueError: ``pin_memory`` or ``device`` in a DataLoader worker; ``audit=True``
+                with several records and no way to meet (from the first ``next()``).
             RuntimeError: this process was forked from the one that built the loader (Lance is
                 not fork-safe; use ``multiprocessing_context="spawn"``).
             MemoryError, OSError, Exception: with ``cache=``, the fill (once per process, here):
                 ``MemoryError`` above ``cache_bytes``; the scan's own errors, not retried.
             BatchLoadError: from ``next()``: reading, converting or transforming a batch failed;
                 the iterator is then closed.
+            CoverageError: from the epoch's last ``next()``: the coverage audit failed.
         """
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
         if get_worker_info() is not None and self.config.placement.active:
@@ -360,18 +373,22 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         rank, world_size = self._current_ranks()  # before anything is decided
         forced, skip = self._worker_resume or (None, 0)
         self._worker_resume = None
+        worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        share = Share(-1 if every_rank else rank, worker_id, num_workers, skip)
+        exchange = choose_exchange(self.config, share, world_size, in_worker=worker is not None)
         end = end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
         decision = self._control.begin(ident, forced=forced, end=end)
-        worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
         self._counter = counter = DeliveryCounter(ident, decision,
                                                   world_size=1 if every_rank else world_size,
                                                   worker_id=worker_id, num_workers=num_workers,
                                                   skip=skip)  # fmt: skip
         self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
+        plan = self._plan(decision.epoch, decision.start, world_size)
+        self._audit = audit = open_audit(exchange, plan, share, self.config.audit_dir,
+                                         identity=self._identity())  # fmt: skip
         return start_iteration(
-            self._source, self._plan(decision.epoch, decision.start, world_size), counter,
-            self._telemetry, rank=None if every_rank else rank, config=self.config,
-            resolved=self._resolved,
+            self._source, plan, counter, self._telemetry, rank=None if every_rank else rank,
+            config=self.config, resolved=self._resolved, audit=audit,
         )  # fmt: skip
 
     def stats(self) -> LoaderStats:
@@ -381,6 +398,13 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         iteration: zeros with ``epoch=None``."""
         telemetry = self._telemetry
         return LoaderStats() if telemetry is None else telemetry.snapshot()
+
+    @property
+    def audit_report(self) -> AuditReport | None:
+        """The coverage audit's :class:`~lance_prefetch.AuditReport` of the latest iteration in
+        this process once checked here; else ``None`` (reading, cut short, checked by another
+        rank or worker: see ``audit_dir``'s report file, or ``audit=False``)."""
+        return None if self._audit is None else self._audit.report
 
     def close(self) -> None:
         """Stop every live iterator of this loader in this process (pending reads cancelled).
@@ -399,13 +423,13 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         if multiprocessing.context.get_spawning_popen() is not None:
             self._current_ranks()  # DataLoader workers read the ranks this process has now
             state["_every_rank"] = self._every_rank or reads_every_rank(self)
-        del state["_iterators"], state["_counter"], state["_telemetry"]  # this process's
+        del state["_iterators"], state["_counter"], state["_telemetry"], state["_audit"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._iterators = weakref.WeakSet()
-        self._counter = self._telemetry = None
+        self._counter = self._telemetry = self._audit = None  # this process's own
 
     def __repr__(self) -> str:
         return (

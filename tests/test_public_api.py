@@ -14,7 +14,7 @@ PACKAGE = pathlib.Path(lance_prefetch.__file__).parent
 #: The modules users read as rule books; everything else is private machinery.
 PUBLIC = ["convert", "lightning", "permutation", "retry", "sampling", "state"]
 PRIVATE = [
-    "_blocking", "_budget", "_cache", "_cli", "_coalesce", "_config", "_demo", "_device",
+    "_audit", "_bitset", "_blocking", "_budget", "_cache", "_cli", "_coalesce", "_config", "_coverage", "_demo", "_device",
     "_epochs", "_errors", "_exit_guard", "_facade", "_frameworks", "_interrupts", "_iteration", "_loader", "_mapstyle",
     "_periods", "_positions", "_prefetcher", "_ranks", "_shutdown", "_slots", "_source",
     "_storage", "_telemetry", "_tuning", "_uris", "_validate", "_bench", "_bench.config",
@@ -25,7 +25,9 @@ PRIVATE = [
 
 def test_top_level_exports():
     assert lance_prefetch.__all__ == [
+        "AuditReport",
         "BatchLoadError",
+        "CoverageError",
         "LanceMapDataset",
         "LoaderStats",
         "PrefetchLoader",
@@ -36,6 +38,7 @@ def test_top_level_exports():
     ]
     assert lance_prefetch.__version__ == "0.1.0"
     assert issubclass(lance_prefetch.BatchLoadError, RuntimeError)
+    assert issubclass(lance_prefetch.CoverageError, RuntimeError)
 
 
 def test_only_the_rule_books_are_public_modules():
