@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "RECORD",
     "CopyReadError",
+    "RECORD",
     "check_copy",
+    "crc32",
     "disk_full_message",
     "is_disk_full",
     "remove_leftovers",
