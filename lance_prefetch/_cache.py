@@ -244,7 +244,7 @@ class DiskCache(_Cache):
                 the message names ``cache_dir``, the rows' size when the columns are fixed-width,
                 the bytes free and the fixes; nothing of the copy is kept), or a damaged copy
                 cannot be removed.
-            ValueError: the copy does not hold ``num_rows`` rows of the schema (delete it).
+            ValueError: the copy does not hold ``num_rows`` rows (delete it).
             Exception: the scan's errors.
         """
         local = self._local
@@ -255,12 +255,11 @@ class DiskCache(_Cache):
                 if not self.path.exists() or check_copy(self.path, self._about()) is not None:
                     self._copy()
                 local = LanceSource(os.fspath(self.path), SourceOptions(io=_local_io(self.source)))
-                if local.num_rows != self.source.num_rows or local.schema != self.source.schema:
+                if local.num_rows != self.source.num_rows:
                     raise ValueError(
-                        f"the disk cache {str(self.path)!r} holds {local.num_rows} rows of "
-                        f"{local.schema.names}, but {self.source.uri!r} version "
-                        f"{self.source.version} has {self.source.num_rows} of "
-                        f"{self.source.schema.names}; delete the copy to rebuild it"
+                        f"the disk cache {str(self.path)!r} holds {local.num_rows} rows, but "
+                        f"{self.source.uri!r} version {self.source.version} has "
+                        f"{self.source.num_rows}; delete the copy to rebuild it"
                     )
                 self._local = local
             return self._local

@@ -78,7 +78,7 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
     words = np.random.default_rng(0).integers(0, 2**62, 2000).astype(str)
     lance.write_dataset(pa.table({"id": np.arange(2000), "text": words}), text_uri)
     with SmallDisk(tmp_path / "disk", size=4 << 20, kind=kind, monkeypatch=monkeypatch) as disk:
-        assert disk.mounted == (kind == "tmpfs" and os.geteuid() == 0)  # root here: the real one
+        assert not (kind == "injected" and disk.mounted)  # "tmpfs" mounts where it may (here)
         cache_dir = disk.path / "cache"
         disk.fill(leave=16 << 10)
         loader = PrefetchLoader(uri, 100, cache="disk", cache_dir=cache_dir)
