@@ -291,6 +291,7 @@ def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(
         assert batch_ids(again) == expected_rank_ids(again)
 
 
+@pytest.mark.timeout(60)
 def test_what_killed_fills_left_is_removed_by_the_next_fill_of_that_copy(ids_1003, tmp_path):
     """A fill killed (SIGKILL) leaves its private folder; one killed while setting a damaged copy
     aside leaves that copy; one killed while restamping leaves a record file: the next fill of
