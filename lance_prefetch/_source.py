@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, NoReturn, Protocol
 
 import lance
@@ -29,8 +29,10 @@ from ._exit_guard import native_call
 from ._storage import (
     check_s3_options,
     explain_open_error,
+    explain_read_error,
     is_s3,
     probe_endpoint,
+    raise_instead,
     redact_uri,
     scrub,
 )
@@ -218,6 +220,9 @@ class LanceSource:
                 silently drops an out-of-range offset followed by a valid one).
             ShortReadError: storage returned a different number of rows than asked for (an
                 ``OSError``).
+            PermissionError: the object store refused the credentials for the read (HTTP 403:
+                revoked, deactivated or expired since the open); the message names the dataset
+                and the options to check. Not retried.
             Exception: Lance's own error from the read (its message without secret values), or,
             on the first read in a new process, the open errors listed in the class docstring.
         """
@@ -227,7 +232,7 @@ class LanceSource:
             with native_call():  # see _exit_guard: the interpreter must not finalize under it
                 table = dataset.take(indices, columns=list(self.columns))
         except Exception as exc:
-            _reraise_scrubbed(exc, self._storage_options)
+            self._reraise_read_error(exc)
         if table.num_rows != len(indices):
             raise ShortReadError(
                 f"Lance returned {table.num_rows} rows for {len(indices)} offsets from "
@@ -270,6 +275,7 @@ class LanceSource:
 
         Raises:
             ShortReadError: the scan returned another number of rows than :attr:`num_rows`.
+            PermissionError: the object store refused the credentials (as :meth:`take`).
             Exception: Lance's own error from the read (without secret values).
         """
         dataset = self._opened()
@@ -288,7 +294,7 @@ class LanceSource:
                 rows += batch.num_rows
                 yield batch
         except Exception as exc:
-            _reraise_scrubbed(exc, self._storage_options)
+            self._reraise_read_error(exc)
         if rows != self.num_rows:
             raise ShortReadError(
                 f"a scan of {self.uri!r} version {self.version} returned {rows} rows, not "
@@ -384,11 +390,13 @@ class LanceSource:
             )
         except (ValueError, OSError) as exc:
             error = explain_open_error(exc, self.uri, self._storage_options, version=version)
-            if error is None:
-                _reraise_scrubbed(exc, self._storage_options)
-            # Chain Lance's error for debugging, unless its message quotes a secret.
-            quotes_secret = scrub(str(exc), self._storage_options) != str(exc)
-            raise error from (None if quotes_secret else exc)
+            raise_instead(error, exc, self._storage_options)
+
+    def _reraise_read_error(self, exc: Exception) -> NoReturn:
+        """Re-raise a read's error: a refusal of the credentials as ``PermissionError``
+        (:func:`explain_read_error`), anything else as it is (secrets scrubbed)."""
+        error = explain_read_error(exc, self.uri, self._storage_options)
+        raise_instead(error, exc, self._storage_options)
 
     def _checkout(self, dataset: lance.LanceDataset, version: int | str) -> lance.LanceDataset:
         latest = dataset.latest_version
@@ -426,16 +434,3 @@ def _tags(dataset: lance.LanceDataset) -> str:
     except Exception:  # the message is about the version; a failed listing must not replace it
         return ""
     return f", and its tags are {tags}" if tags else ", and it has no tags"
-
-
-def _reraise_scrubbed(exc: Exception, storage_options: Mapping[str, str] | None) -> NoReturn:
-    """Re-raise ``exc``; as a copy without its chain if its message quotes a secret option value."""
-    text = str(exc)
-    clean = scrub(text, storage_options)
-    if clean == text:
-        raise exc
-    try:
-        copy = type(exc)(clean)
-    except Exception:
-        copy = OSError(f"{type(exc).__name__}: {clean}")
-    raise copy from None

@@ -4,14 +4,15 @@ failed open means.
 Used by :mod:`~lance_prefetch._source` (which alone talks to Lance); nothing here imports ``lance``.
 Storage options are passed to Lance exactly as given; this module only reads them to
 
-- print them safely (:func:`redact`, :func:`scrub`),
+- print them safely (:func:`redact`, :func:`scrub`; :func:`reraise_scrubbed` for Lance's errors),
 - refuse S3 options Lance would fail on slowly or cryptically, before any I/O
   (:func:`check_s3_options`),
 - find out in a bounded time whether an explicit S3-compatible endpoint answers at all
   (:func:`probe_endpoint`: Lance retries an unreachable endpoint for seconds, a hung one for
   minutes),
 - turn Lance's error for a failed open into one that names the parameter and the fix
-  (:func:`explain_open_error`).
+  (:func:`explain_open_error`), and a read refused for its credentials (revoked since the open)
+  into a ``PermissionError`` (:func:`explain_read_error`); :func:`raise_instead` raises either.
 """
 
 from __future__ import annotations
@@ -21,15 +22,19 @@ import os
 import re
 import socket
 from collections.abc import Mapping
+from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "PROBE_TIMEOUT_S",
     "check_s3_options",
     "explain_open_error",
+    "explain_read_error",
     "is_s3",
     "probe_endpoint",
+    "raise_instead",
     "redact",
+    "reraise_scrubbed",
     "scrub",
 ]
 
@@ -279,6 +284,64 @@ def explain_open_error(
             f"storage_options['allow_http']='true'"
         )
     return None
+
+
+def explain_read_error(
+    exc: BaseException, uri: str, storage_options: Mapping[str, str] | None
+) -> PermissionError | None:
+    """The ``PermissionError`` to raise instead of Lance's ``exc`` from a read (``take`` or a
+    scan) of the open dataset at ``uri`` that the object store refused for its credentials (HTTP
+    403: access denied, an unknown or deactivated key, an expired token), else ``None``.
+
+    The open succeeded with the same options, so the credentials were revoked, deactivated or
+    expired since, or they may not read this object: no retry will help (``is_transient`` is
+    ``False`` for it). The message names the dataset, the endpoint and the options to check, and
+    never holds a secret value. Raise it ``from`` Lance's error unless that quotes a secret.
+
+    Args:
+        exc (BaseException): what the read raised.
+        uri (str): the dataset URI.
+        storage_options (Mapping[str, str] | None): the options it was opened with.
+    """
+    text = str(exc)
+    lowered = text.lower()
+    refused = _xml(text, "Code") in _CREDENTIAL_CODES or (
+        is_s3(uri) and ("403 forbidden" in lowered or "lacked the necessary privileges" in lowered)
+    )
+    if not refused:
+        return None
+    return PermissionError(
+        f"{_where(storage_options)} refused the credentials while reading {uri!r} "
+        f"({_summary(text, storage_options)}); they may have been revoked, deactivated or expired "
+        f"since the loader was built, or may not read this object: check "
+        f"storage_options['aws_access_key_id'] and ['aws_secret_access_key'] (and "
+        f"['aws_session_token'] for temporary credentials)"
+    )
+
+
+def raise_instead(
+    error: Exception | None, exc: Exception, storage_options: Mapping[str, str] | None
+) -> NoReturn:
+    """Raise ``error`` (the clear one, from :func:`explain_open_error` or
+    :func:`explain_read_error`) from Lance's ``exc``, chained for debugging unless its message
+    quotes a secret value of ``storage_options``; with no ``error``, :func:`reraise_scrubbed`."""
+    if error is None:
+        reraise_scrubbed(exc, storage_options)
+    quotes_secret = scrub(str(exc), storage_options) != str(exc)
+    raise error from (None if quotes_secret else exc)
+
+
+def reraise_scrubbed(exc: Exception, storage_options: Mapping[str, str] | None) -> NoReturn:
+    """Re-raise ``exc``; as a copy without its chain if its message quotes a secret option value."""
+    text = str(exc)
+    clean = scrub(text, storage_options)
+    if clean == text:
+        raise exc
+    try:
+        copy = type(exc)(clean)
+    except Exception:
+        copy = OSError(f"{type(exc).__name__}: {clean}")
+    raise copy from None
 
 
 def _endpoint(options: Mapping[str, str]) -> tuple[str, str] | None:

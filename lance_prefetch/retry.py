@@ -45,8 +45,9 @@ _PERMANENT_MARKERS = (
 )
 
 
-# HTTP 403 and 404 as whole numbers: object names (hex) often hold the digits.
-_PERMANENT_STATUS = re.compile(r"\b40[34]\b")
+# HTTP 403 and 404 as whole numbers: object names (hex) often hold the digits, and Lance's messages
+# hold durations ("in 403.5ms" for a 503 that took 403 ms), so a number touching a "." is not one.
+_PERMANENT_STATUS = re.compile(r"(?<![\w.])40[34](?![\w.])")
 
 
 def is_transient(error: BaseException) -> bool:

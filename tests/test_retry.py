@@ -287,6 +287,8 @@ def test_backoff_is_exponential_with_full_jitter_and_capped():
     [
         (OSError(LANCE_503), True),
         (OSError(LANCE_503.replace("0101.lance", "d6e18348c1abb2b98d5e4047b7.lance")), True),
+        (OSError(LANCE_503.replace("in 6.8ms", "in 403.479422ms")), True),  # a duration
+        (OSError(LANCE_REFUSED.replace("in 77us", "in 1.404s")), True),
         (OSError("Generic S3 error: 404 Not Found"), False),
         (OSError(LANCE_REFUSED), True),
         (OSError("LanceError(IO): Generic S3 error: 500 Internal Server Error"), True),

@@ -1,5 +1,6 @@
 """Tests for lance_prefetch._storage: secret handling, S3 option checks, the endpoint probe and the
-explanation of Lance's open errors (Lance's messages as pylance 14 words them; no server needed)."""
+explanation of Lance's open and read errors (Lance's messages as pylance 14 words them; no server
+needed)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from support.s3server import SilentServer, closed_port
 from lance_prefetch._storage import (
     check_s3_options,
     explain_open_error,
+    explain_read_error,
     is_s3,
     probe_endpoint,
     redact,
@@ -44,6 +46,20 @@ REFUSED = (
 NO_DATASET = (
     "Dataset at path data.lance was not found: Not found: data.lance/_versions, "
     "/home/runner/work/lance/rust/lance-table/src/io/commit.rs:653:26"
+)
+# A take after the access key was deleted (moto's answer; S3 words it the same).
+READ_REVOKED = (
+    "LanceError(IO): Generic N/A error: LanceError(IO): The operation lacked the necessary "
+    "privileges to complete for path data.lance/data/1100.lance: Error performing GET "
+    "http://127.0.0.1:9000/bucket/data.lance/data/1100.lance in 56.7ms - Server returned non-2xx "
+    'status code: 403 Forbidden: <?xml version="1.0" encoding="utf-8"?>\n<Error><Code>'
+    "InvalidAccessKeyId</Code><Message>The AWS Access Key Id you provided does not exist in our "
+    "records.</Message></Error>, /home/runner/work/lance/rust/lance-io/src/object_reader.rs:335:56"
+)
+READ_SLOW_DOWN = (
+    "LanceError(IO): Generic N/A error: LanceError(IO): Generic S3 error: Error performing GET "
+    "http://127.0.0.1:9000/bucket/data.lance/data/1100.lance in 403.2ms - Server returned non-2xx "
+    "status code: 503 Service Unavailable: <Error><Code>SlowDown</Code></Error>"
 )
 NO_CREDENTIALS = (
     "LanceError(IO): Generic N/A error: LanceError(IO): Failed to get AWS credentials: "
@@ -157,3 +173,27 @@ def test_unknown_errors_are_left_to_the_caller():
     assert explain_open_error(ValueError("Invalid value for storage option 'x'"), URI, None) is None
     # a local path: only "not found" is explained, never as an S3 connection problem
     assert explain_open_error(OSError("error sending request"), "/tmp/x.lance", None) is None
+
+
+def test_a_read_refused_for_its_credentials_is_a_permission_error_naming_the_dataset():
+    explained = explain_read_error(OSError(READ_REVOKED), URI, SECRETS)
+    assert type(explained) is PermissionError
+    assert str(explained) == (
+        "the endpoint storage_options['aws_endpoint']='http://127.0.0.1:9000' refused the "
+        "credentials while reading 's3://bucket/data.lance' (InvalidAccessKeyId: The AWS Access "
+        "Key Id you provided does not exist in our records.); they may have been revoked, "
+        "deactivated or expired since the loader was built, or may not read this object: check "
+        "storage_options['aws_access_key_id'] and ['aws_secret_access_key'] (and "
+        "['aws_session_token'] for temporary credentials)"
+    )
+    denied = explain_read_error(OSError(BAD_SIGNATURE.replace("AKIAEXAMPLE", "k")), URI, SECRETS)
+    assert "(SignatureDoesNotMatch: The request signature" in str(denied)
+    bare = explain_read_error(OSError("Generic S3 error: 403 Forbidden"), URI, None)
+    assert str(bare).startswith("the object store refused the credentials while reading")
+
+
+def test_other_read_errors_are_left_as_they_are():
+    assert explain_read_error(OSError(READ_SLOW_DOWN), URI, SECRETS) is None
+    assert explain_read_error(OSError(REFUSED), URI, SECRETS) is None
+    # a local dataset: "permission denied" is the file system's, left to Lance's own error
+    assert explain_read_error(OSError("403 Forbidden"), "/tmp/x.lance", None) is None
