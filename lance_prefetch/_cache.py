@@ -16,7 +16,10 @@ exactness and resuming do not change.
   ``cache_dir``, named by the URI, version, commit time and columns, and takes from it. It is
   reused across runs and shared by processes (the page cache holds it once for every worker);
   concurrent fills are serialised by a file lock and published by an atomic rename, so a reader
-  never sees a partial copy.
+  never sees a partial copy. A copy carries the record of its files
+  (:mod:`~lance_prefetch._cache_files`), checked at each open: a damaged one is filled again. A
+  disk that fills during the fill is an ``OSError`` naming ``cache_dir`` and the fixes, and
+  nothing of the copy is kept.
 
 Both are filled by ``prepare()``, which ``iter(loader)`` calls in each process before the first
 read (so the fill is not a timed, retried ``take``); a ``take`` before it fills too. Every batch,
@@ -26,6 +29,7 @@ another key, so a cache never serves rows of another version.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -33,12 +37,22 @@ import os
 import shutil
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from ._cache_files import (
+    CopyReadError,
+    check_copy,
+    disk_full_message,
+    is_disk_full,
+    remove_leftovers,
+    set_aside,
+    write_record,
+)
 from ._config import SourceOptions
 from ._source import LanceSource
 from .convert import fixed_row_bytes
@@ -201,8 +215,11 @@ class DiskCache(_Cache):
 
     The copy is ``cache_dir / <name>-v<version>-<key>.lance``, ``key`` a hash of the URI, version,
     commit time and columns: another version or projection gets another copy; an existing one is
-    reused (across runs and processes). Copies are never deleted by the loader; remove the
-    directory to reclaim the space.
+    reused (across runs and processes) once :func:`~lance_prefetch._cache_files.check_copy` finds
+    it whole (a ``stat`` a file; a damaged copy is filled again, with a ``RuntimeWarning`` naming
+    the damage). Copies are never deleted by the loader; remove the directory to reclaim the
+    space. ``<copy>.lock`` beside each copy is only the target of the fill's ``flock`` (held by
+    no one once fills end, also when their process was killed).
 
     Pickles as ``source`` and ``cache_dir``.
     """
@@ -218,14 +235,16 @@ class DiskCache(_Cache):
         self._local: LanceSource | None = None
 
     def fill(self) -> LanceSource:
-        """The local copy, made on the first call if no process made it yet (thread- and
-        process-safe: one process copies, the others wait for it and reuse it).
+        """The local copy, made on the first call if no process made it yet, or made again if
+        the one there is damaged (thread- and process-safe: one process copies, the others wait
+        for it and reuse it).
 
         Raises:
-            OSError: ``cache_dir`` cannot be written, or the disk is full (the partial copy is
-                removed).
-            ValueError: an existing copy does not hold ``num_rows`` rows (it was damaged;
-                delete it).
+            OSError: ``cache_dir`` cannot be written, or its disk is full (``errno`` ``ENOSPC``;
+                the message names ``cache_dir``, the rows' size when the columns are fixed-width,
+                the bytes free and the fixes; nothing of the copy is kept), or a damaged copy
+                cannot be removed.
+            ValueError: the copy does not hold ``num_rows`` rows (delete it).
             Exception: the scan's errors.
         """
         local = self._local
@@ -233,7 +252,7 @@ class DiskCache(_Cache):
             return local
         with self._lock:
             if self._local is None:
-                if not self.path.exists():
+                if not self.path.exists() or check_copy(self.path, self._about()) is not None:
                     self._copy()
                 local = LanceSource(os.fspath(self.path), SourceOptions(io=_local_io(self.source)))
                 if local.num_rows != self.source.num_rows:
@@ -246,21 +265,58 @@ class DiskCache(_Cache):
             return self._local
 
     def _copy(self) -> None:
+        """Under the copy's lock: remove what killed fills left, keep a copy another process
+        made meanwhile, else set a damaged one aside, copy and publish."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "a") as lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)  # another process may be copying: wait
             try:
-                if self.path.exists():  # it did
-                    return
-                partial = tempfile.mkdtemp(prefix=".partial-", dir=self.cache_dir)
-                try:
-                    target = os.path.join(partial, "copy.lance")
-                    self.source.copy_to(target)
-                    os.rename(target, self.path)  # atomic: readers see all of it or nothing
-                finally:
-                    shutil.rmtree(partial, ignore_errors=True)
+                remove_leftovers(self.cache_dir, self.path.name)
+                if self.path.exists():
+                    problem = check_copy(self.path, self._about())
+                    if problem is None:  # made (or made again) by another process
+                        return
+                    warnings.warn(
+                        f"cache='disk': the copy {str(self.path)!r} of {self.source.uri!r} "
+                        f"version {self.source.version} is damaged: {problem}; filling it again",
+                        RuntimeWarning,
+                        stacklevel=5,
+                    )
+                    set_aside(self.path)
+                self._publish()
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+    def _publish(self) -> None:
+        """Copy into a private folder, record the copy, and rename it into place; on a full
+        disk, remove the partial copy and raise the explained error."""
+        partial = None
+        try:
+            partial = tempfile.mkdtemp(prefix=f".partial-{self.path.name}-", dir=self.cache_dir)
+            target = Path(partial, "copy.lance")
+            self.source.copy_to(os.fspath(target))
+            write_record(target, self._about())
+            os.rename(target, self.path)  # atomic: readers see all of it or nothing
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            if partial is not None:  # removed before the free space is measured
+                shutil.rmtree(partial, ignore_errors=True)
+            raise _disk_full(self.cache_dir, self.source) from exc
+        finally:
+            if partial is not None:
+                shutil.rmtree(partial, ignore_errors=True)
+
+    def _about(self) -> dict[str, Any]:
+        """What the copy holds, as its record says it."""
+        source = self.source
+        return {
+            "uri": source.uri,
+            "version": source.version,
+            "committed": source.committed,
+            "columns": list(source.columns),
+            "num_rows": source.num_rows,
+        }
 
     @property
     def cached(self) -> bool:
@@ -269,9 +325,24 @@ class DiskCache(_Cache):
 
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them, from the
-        local copy."""
+        local copy.
+
+        Raises:
+            IndexError: as :meth:`LanceSource.take`.
+            CopyReadError: the copy could not be read (damaged since it was opened); the
+                message names it and the fix. Never retried.
+        """
         self.source.check_offsets(indices)
-        return self.fill().take(indices)
+        local = self.fill()
+        try:
+            return local.take(indices)
+        except Exception as exc:
+            raise CopyReadError(
+                f"the disk cache {str(self.path)!r} (the copy of {self.source.uri!r} version "
+                f"{self.source.version}) could not be read: {type(exc).__name__}: {exc}; it may "
+                f"be damaged: delete it (the next run fills it again), or use cache='memory' "
+                f"or cache=None"
+            ) from exc
 
     def __getstate__(self) -> dict[str, Any]:
         return {"source": self.source, "cache_dir": self.cache_dir, "path": self.path}
@@ -305,6 +376,18 @@ def _too_big(source: LanceSource, size: int | None, budget: int) -> str:
         f"cache_bytes={budget} ({budget / 2**20:,.1f} MiB); raise cache_bytes, read fewer "
         f"columns, or use cache='disk'"
     )
+
+
+def _disk_full(cache_dir: Path, source: LanceSource) -> OSError:
+    row_bytes = fixed_row_bytes(source.schema)
+    what = (
+        f"{source.uri!r} version {source.version} (columns {list(source.columns)}, "
+        f"{source.num_rows:,} rows"
+    )
+    size = None if row_bytes is None else row_bytes * source.num_rows
+    error = OSError(disk_full_message(cache_dir, what, size))
+    error.errno = errno.ENOSPC
+    return error
 
 
 def _stem(uri: str) -> str:

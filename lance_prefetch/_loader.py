@@ -342,7 +342,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             RuntimeError: this process was forked from the one that built the loader (Lance is
                 not fork-safe; use ``multiprocessing_context="spawn"``).
             MemoryError, OSError, Exception: with ``cache=``, the fill (once per process, here):
-                ``MemoryError`` above ``cache_bytes``; the scan's own errors, not retried.
+                ``MemoryError`` above ``cache_bytes``; ``OSError`` (``errno`` ``ENOSPC``) when the
+                disk under ``cache_dir`` fills, nothing of the copy kept; the scan's own errors,
+                not retried. A damaged disk copy is filled again (a ``RuntimeWarning``).
             BatchLoadError: from ``next()``: reading, converting or transforming a batch failed;
                 the iterator is then closed.
             CoverageError: from the epoch's last ``next()``: the coverage audit failed.

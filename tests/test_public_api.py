@@ -14,7 +14,8 @@ PACKAGE = pathlib.Path(lance_prefetch.__file__).parent
 #: The modules users read as rule books; everything else is private machinery.
 PUBLIC = ["convert", "lightning", "permutation", "retry", "sampling", "state"]
 PRIVATE = [
-    "_audit", "_bitset", "_blocking", "_budget", "_cache", "_cli", "_coalesce", "_config", "_coverage", "_demo", "_device",
+    "_audit", "_bitset", "_blocking", "_budget", "_cache", "_cache_files", "_cli", "_coalesce",
+    "_config", "_coverage", "_demo", "_device",
     "_epochs", "_errors", "_exit_guard", "_facade", "_frameworks", "_interrupts", "_iteration", "_loader", "_mapstyle",
     "_periods", "_positions", "_prefetcher", "_ranks", "_shutdown", "_slots", "_source",
     "_storage", "_telemetry", "_tuning", "_uris", "_validate", "_bench", "_bench.config",

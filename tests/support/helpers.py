@@ -128,3 +128,18 @@ def child_exit_code(pid: int, timeout: float = 10.0) -> int | None:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return None
+
+
+class StallOn:
+    """A transform (picklable into spawn workers) that adds to each batch the pid of the process
+    that read it, and sleeps ``seconds`` before a batch holding the id ``stall_id``: a worker
+    stuck there, mid-epoch, with everything it read before handed over."""
+
+    def __init__(self, stall_id: int, seconds: float = 120.0) -> None:
+        self.stall_id, self.seconds = stall_id, seconds
+
+    def __call__(self, batch: dict) -> dict:
+        if bool((batch["id"] == self.stall_id).any()):
+            time.sleep(self.seconds)
+        batch["pid"] = torch.tensor([os.getpid()])
+        return batch

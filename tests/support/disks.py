@@ -1,0 +1,93 @@
+"""A small disk that fills up on cue, for the disk cache's fault tests (:class:`SmallDisk`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+
+#: The error Lance raises when a write meets a full disk (measured on a full tmpfs, pylance 14),
+#: raised by the injected failure.
+LANCE_ENOSPC = "LanceError(IO): No space left on device (os error 28), injected by SmallDisk"
+
+
+class SmallDisk:
+    """A folder whose disk is full while :meth:`fill` holds (until :meth:`free`).
+
+    ``kind="tmpfs"``: a tmpfs of ``size`` bytes mounted at ``path`` when this process may mount
+    (root with ``CAP_SYS_ADMIN``, as on the development machine); :meth:`fill` writes a ballast
+    file that leaves ``leave`` bytes free, and a write past them fails in the kernel (ENOSPC).
+    Where mounting is refused, and with ``kind="injected"``: a plain folder, and while full every
+    ``lance.write_dataset`` writes the first record batch of its data into its target for real,
+    then raises Lance's own ENOSPC error: the same partial files and the same error for the
+    cleanup to handle. :attr:`mounted` says which one runs. Use it as a context manager (the
+    tmpfs is unmounted and the patch undone at its end)."""
+
+    def __init__(self, path: Path, *, size: int, kind: str, monkeypatch) -> None:
+        self.path, self.size, self.kind = Path(path), size, kind
+        self._monkeypatch = monkeypatch
+        self.mounted = False
+        self.full = False
+
+    def __enter__(self) -> SmallDisk:
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.kind == "tmpfs":
+            self.mounted = _mount_tmpfs(self.path, self.size)
+        if not self.mounted:
+            self._inject()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.mounted:
+            done = subprocess.run(["umount", str(self.path)], capture_output=True, timeout=30)
+            if done.returncode:
+                subprocess.run(["umount", "-l", str(self.path)], capture_output=True, timeout=30)
+
+    @property
+    def ballast(self) -> Path:
+        return self.path / "ballast"
+
+    def fill(self, *, leave: int) -> None:
+        """Make the disk full but ``leave`` bytes (a tmpfs), or make writes fail (injected)."""
+        self.full = True
+        if self.mounted:
+            free = shutil.disk_usage(self.path).free
+            with open(self.ballast, "wb") as file:
+                file.write(b"\0" * (free - leave))
+
+    def free(self) -> None:
+        """Give the space back: the next writes succeed."""
+        self.full = False
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.ballast)
+
+    def _inject(self) -> None:
+        original = lance.write_dataset
+        disk = self
+
+        def write_dataset(data, uri, *args, **kwargs):
+            if not (disk.full and str(uri).startswith(str(disk.path))):
+                return original(data, uri, *args, **kwargs)
+            first = data.read_next_batch()  # the fill's scan, one record batch of it
+            original(pa.Table.from_batches([first]), uri, *args, **kwargs)  # partial files
+            raise OSError(LANCE_ENOSPC)
+
+        self._monkeypatch.setattr(lance, "write_dataset", write_dataset)
+
+
+def _mount_tmpfs(path: Path, size: int) -> bool:
+    """Mount a tmpfs of ``size`` bytes at ``path``; whether it worked."""
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # no mount command, or it hung
+        return False
+    return done.returncode == 0

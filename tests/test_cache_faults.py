@@ -1,0 +1,312 @@
+"""The disk cache under faults: a disk that fills during the fill, a copy damaged between runs or
+while it is read, what killed fills leave behind. Never wrong rows: every read is checked
+against the plan's exact ids, and each damage is first shown to be one Lance reads silently or
+fails on."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import shutil
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from support.disks import LANCE_ENOSPC, SmallDisk
+from support.helpers import batch_ids, expected_rank_ids
+
+from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch import _cache_files as cache_files
+from lance_prefetch._cache_files import RECORD, check_copy
+from lance_prefetch._source import LanceSource
+
+FIXES = (
+    "nothing of it was kept. Free space there, pass cache_dir= a folder on a disk with room, or "
+    "use cache='memory' (rows held in each process) or cache=None (read the dataset directly)"
+)
+
+
+def lock_is_free(path: Path) -> bool:
+    """Nobody holds the flock of ``path`` (and no descriptor of this process has it open)."""
+    with open(path, "a") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(file, fcntl.LOCK_UN)
+    opened = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            opened.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return str(path) not in opened
+
+
+def count_copies(monkeypatch) -> list[int]:
+    """Counts fills (LanceSource.copy_to calls)."""
+    copies = [0]
+    original = LanceSource.copy_to
+
+    def copy_to(self, path):
+        copies[0] += 1
+        return original(self, path)
+
+    monkeypatch.setattr(LanceSource, "copy_to", copy_to)
+    return copies
+
+
+def free_bytes(message: str) -> int:
+    return int(re.search(r"did not fit in the ([\d,]+) bytes free", message)[1].replace(",", ""))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["tmpfs", "injected"])
+def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_run_fills(
+    fresh_ids, tmp_path, monkeypatch, kind
+):
+    """The fill meets a full disk (a real tmpfs where this machine may mount one, else a Lance
+    write that fails with ENOSPC after writing part of the copy): iter() raises an OSError
+    (errno ENOSPC) naming cache_dir, the rows' size, the bytes free and the fixes; the partial
+    copy is removed, nothing is published, the lock is free; with the space back, the same
+    loader and a new one fill again and read exact rows."""
+    uri = fresh_ids(3000, rows_per_file=1000)
+    text_uri = str(tmp_path / "text.lance")  # variable-width: no size known before the copy
+    words = np.random.default_rng(0).integers(0, 2**62, 2000).astype(str)
+    lance.write_dataset(pa.table({"id": np.arange(2000), "text": words}), text_uri)
+    with SmallDisk(tmp_path / "disk", size=4 << 20, kind=kind, monkeypatch=monkeypatch) as disk:
+        assert not (kind == "injected" and disk.mounted)  # "tmpfs" mounts where it may (here)
+        cache_dir = disk.path / "cache"
+        disk.fill(leave=16 << 10)
+        loader = PrefetchLoader(uri, 100, cache="disk", cache_dir=cache_dir)
+        narrow = PrefetchLoader(text_uri, 100, columns=["text"], cache="disk", cache_dir=cache_dir)
+        errors = []
+        for each in (loader, narrow):
+            with pytest.raises(OSError) as info:
+                iter(each)
+            errors.append(info.value)
+        free = shutil.disk_usage(cache_dir).free
+        for error, what in zip(
+            errors,
+            [
+                f"{uri!r} version 1 (columns ['id', 'vector', 'label'], 3,000 rows, 84,000 "
+                f"bytes uncompressed)",
+                f"{text_uri!r} version 1 (columns ['text'], 2,000 rows)",
+            ],
+            strict=True,
+        ):
+            assert error.errno == errno.ENOSPC
+            assert str(error) == (
+                f"cache='disk': the disk of cache_dir={str(cache_dir)!r} is full: the copy of "
+                f"{what} did not fit in the {free_bytes(str(error)):,} bytes free there; {FIXES}"
+            )
+            if disk.mounted:  # the kernel's own error, through Lance; the space is measured
+                assert "No space left on device (os error 28)" in str(error.__cause__)
+                assert free_bytes(str(error)) == free == 16 << 10  # all of it back
+            else:
+                assert str(error.__cause__) == LANCE_ENOSPC
+        locks = sorted(p.name for p in cache_dir.iterdir())
+        assert locks == sorted(p._source.path.stem + ".lock" for p in (loader, narrow))
+        for each in (loader, narrow):
+            assert lock_is_free(each._source.path.with_suffix(".lock"))
+            assert not each._source.cached
+        disk.free()
+        copies = count_copies(monkeypatch)
+        again = PrefetchLoader(uri, 100, cache="disk", cache_dir=cache_dir, seed=5)
+        assert batch_ids(again) == expected_rank_ids(again)
+        assert batch_ids(loader) == expected_rank_ids(loader)  # the failed loader, its next iter
+        assert copies[0] == 1  # filled once, then reused
+        assert check_copy(again._source.path, again._source._about()) is None
+        assert not list(cache_dir.glob(".partial-*"))
+
+
+def data_file(copy: Path) -> Path:
+    (path,) = (copy / "data").iterdir()
+    return path
+
+
+def silent_flip(copy: Path, scratch: Path) -> int:
+    """A byte offset of the copy's data file that, inverted, makes Lance read other ids without
+    any error (found on a scratch copy)."""
+    shutil.copytree(copy, scratch)
+    path = data_file(scratch)
+    raw = path.read_bytes()
+    expected = list(range(1003))
+    for offset in range(64, len(raw) // 2):
+        flipped = bytearray(raw)
+        flipped[offset] ^= 0xFF
+        path.write_bytes(flipped)
+        try:
+            ids = lance.dataset(scratch).to_table(columns=["id"])["id"].to_pylist()
+        except Exception:
+            continue
+        if len(ids) == 1003 and ids != expected:
+            return offset
+    raise AssertionError("no byte of the data file changes the ids silently")
+
+
+def flip(path: Path, offset: int, *, keep_mtime: bool = False) -> None:
+    stat = path.stat()
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0xFF
+    path.write_bytes(raw)
+    if keep_mtime:  # only the ctime can tell now
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def truncate_data(copy: Path) -> str:
+    path = data_file(copy)
+    size = path.stat().st_size
+    os.truncate(path, size // 2)
+    return f"its file data/{path.name} has {size // 2:,} bytes, not {size:,}"
+
+
+def remove_data(copy: Path) -> str:
+    path = data_file(copy)
+    os.remove(path)
+    return f"its file data/{path.name} is missing"
+
+
+def empty_manifest(copy: Path) -> str:
+    (path,) = (copy / "_versions").glob("*.manifest")
+    size = path.stat().st_size
+    os.truncate(path, 0)
+    return f"its file _versions/{path.name} has 0 bytes, not {size:,}"
+
+
+def add_file(copy: Path) -> str:
+    (copy / "data" / "extra.lance").write_bytes(b"x")
+    return "its file data/extra.lance was not there when the copy was made"
+
+
+def remove_record(copy: Path) -> str:
+    os.remove(copy / RECORD)
+    return f"it has no {RECORD} (it was damaged, or made by an older lance_prefetch)"
+
+
+def garble_record(copy: Path) -> str:
+    (copy / RECORD).write_text('{"format": 1')
+    return (
+        f"its {RECORD} cannot be read (JSONDecodeError: Expecting ',' delimiter: line 1 column "
+        f"13 (char 12))"
+    )
+
+
+#: Each damage: it damages the copy and returns the reason the warning must give.
+DAMAGES = {
+    "data file truncated": truncate_data,
+    "data file removed": remove_data,
+    "version manifest emptied": empty_manifest,
+    "file added": add_file,
+    "record removed": remove_record,
+    "record garbled": garble_record,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("damage", [*DAMAGES, "bytes flipped", "bytes flipped, mtime kept"])
+def test_a_damaged_copy_is_found_at_open_and_filled_again(ids_1003, tmp_path, monkeypatch, damage):
+    """A copy damaged between runs (a file truncated, removed or added, the record gone or
+    garbled, bytes flipped that Lance reads silently as other ids): the next open finds it,
+    warns naming the damage, sets the copy aside and fills it again; exact rows, one new fill,
+    nothing of the damaged copy left."""
+    cache_dir = tmp_path / "cache"
+    first = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir)
+    assert batch_ids(first) == expected_rank_ids(first)
+    copy = first._source.path
+    if damage.startswith("bytes flipped"):
+        offset = silent_flip(copy, tmp_path / "scratch")
+        flip(data_file(copy), offset, keep_mtime=damage.endswith("kept"))
+        wrong = lance.dataset(copy).to_table(columns=["id"])["id"].to_pylist()
+        assert len(wrong) == 1003 and wrong != list(range(1003))  # Lance alone: wrong rows
+        reason = f"its file data/{data_file(copy).name} was changed (its CRC-32 differs)"
+    else:
+        reason = DAMAGES[damage](copy)
+    copies = count_copies(monkeypatch)
+    second = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, seed=3)
+    message = f"the copy {str(copy)!r} of {ids_1003!r} version 1 is damaged: {reason}; filling"
+    with pytest.warns(RuntimeWarning, match=re.escape(message)):
+        ids = batch_ids(second)
+    assert ids == expected_rank_ids(second)
+    assert copies[0] == 1
+    assert check_copy(copy, second._source._about()) is None
+    assert sorted(p.name for p in cache_dir.iterdir()) == [copy.name, copy.stem + ".lock"]
+
+
+@pytest.mark.timeout(60)
+def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_read_once(
+    ids_1003, tmp_path, monkeypatch
+):
+    """Reuse costs a stat a file: no CRC-32 is computed. A file whose timestamps changed but not
+    its bytes is read once, kept (no new fill, no warning) and its new stamp recorded."""
+    cache_dir = tmp_path / "cache"
+    first = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir)
+    assert batch_ids(first) == expected_rank_ids(first)
+    copy = first._source.path
+    summed = []
+    original = cache_files.crc32
+    monkeypatch.setattr(cache_files, "crc32", lambda path: summed.append(path) or original(path))
+    copies = count_copies(monkeypatch)
+    for touch in (False, True, False):
+        if touch:
+            os.utime(data_file(copy))
+        loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, seed=7)
+        assert batch_ids(loader) == expected_rank_ids(loader)
+        assert summed == ([data_file(copy)] if touch else [])
+        summed.clear()
+    assert copies[0] == 0
+    assert not list(cache_dir.glob(".record-*"))
+
+
+@pytest.mark.timeout(60)
+def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(ids_1003, tmp_path):
+    """The copy's data file truncated mid-epoch: the batches read before are exact, then a
+    BatchLoadError (not retried) names the copy and tells to delete it; the next run refills."""
+    cache_dir = tmp_path / "cache"
+    loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, coalesce=1)
+    expected = expected_rank_ids(loader)
+    iterator = iter(loader)
+    delivered = batch_ids([next(iterator)])
+    copy = loader._source.path
+    os.truncate(data_file(copy), 0)
+    with pytest.raises(BatchLoadError) as info:
+        for batch in iterator:
+            delivered.append(batch["id"].tolist())
+    assert delivered == expected[: len(delivered)] and len(delivered) < len(expected)
+    message = str(info.value)
+    assert message.startswith(
+        f"batch {len(delivered)} of epoch 0 (50 rows) from {ids_1003!r} version 1 failed after "
+        f"1 attempt (not retried: CopyReadError is not transient): CopyReadError: the disk cache "
+        f"{str(copy)!r} (the copy of {ids_1003!r} version 1) could not be read: OSError: "
+    )
+    assert message.endswith(
+        "; it may be damaged: delete it (the next run fills it again), or use cache='memory' "
+        "or cache=None"
+    )
+    again = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, seed=1)
+    with pytest.warns(RuntimeWarning, match=r"is damaged: its file data/.* has 0 bytes, not"):
+        assert batch_ids(again) == expected_rank_ids(again)
+
+
+@pytest.mark.timeout(60)
+def test_what_killed_fills_left_is_removed_by_the_next_fill_of_that_copy(ids_1003, tmp_path):
+    """A fill killed (SIGKILL) leaves its private folder; one killed while setting a damaged copy
+    aside leaves that copy; one killed while restamping leaves a record file: the next fill of
+    the same copy (holding its lock) removes them; another copy's are left alone."""
+    cache_dir = tmp_path / "cache"
+    loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir)
+    name = loader._source.path.name
+    cache_dir.mkdir()
+    ours = [f".partial-{name}-k1l2", f".damaged-{name}-0a1b2c3d", f".record-{name}-9f8e7d6c"]
+    theirs = [".partial-other-v1-0123456789abcdef.lance-x1y2"]
+    for entry in ours[:2] + theirs:
+        (cache_dir / entry / "data").mkdir(parents=True)
+        (cache_dir / entry / "data" / "half.lance").write_bytes(b"\0" * 100)
+    (cache_dir / ours[2]).write_text("{}")
+    assert batch_ids(loader) == expected_rank_ids(loader)
+    assert sorted(p.name for p in cache_dir.iterdir()) == sorted(
+        [*theirs, name, loader._source.path.stem + ".lock"]
+    )
