@@ -29,6 +29,7 @@ from ._exit_guard import native_call
 from ._storage import (
     check_s3_options,
     explain_open_error,
+    explain_read_error,
     is_s3,
     probe_endpoint,
     redact_uri,
@@ -218,6 +219,7 @@ class LanceSource:
                 silently drops an out-of-range offset followed by a valid one).
             ShortReadError: storage returned a different number of rows than asked for (an
                 ``OSError``).
+            FileNotFoundError: a file of the pinned version is gone (cleaned up, or deleted).
             Exception: Lance's own error from the read (its message without secret values), or,
             on the first read in a new process, the open errors listed in the class docstring.
         """
@@ -227,7 +229,7 @@ class LanceSource:
             with native_call():  # see _exit_guard: the interpreter must not finalize under it
                 table = dataset.take(indices, columns=list(self.columns))
         except Exception as exc:
-            _reraise_scrubbed(exc, self._storage_options)
+            self._reraise_read_error(exc)
         if table.num_rows != len(indices):
             raise ShortReadError(
                 f"Lance returned {table.num_rows} rows for {len(indices)} offsets from "
@@ -269,7 +271,8 @@ class LanceSource:
             batch_rows (int, optional): rows per record batch. Default: ``8192``.
 
         Raises:
-            ShortReadError: the scan returned another number of rows than :attr:`num_rows`.
+            ShortReadError, FileNotFoundError: the scan returned another number of rows than
+                :attr:`num_rows`; a file of the pinned version is gone (as for :meth:`take`).
             Exception: Lance's own error from the read (without secret values).
         """
         dataset = self._opened()
@@ -288,7 +291,7 @@ class LanceSource:
                 rows += batch.num_rows
                 yield batch
         except Exception as exc:
-            _reraise_scrubbed(exc, self._storage_options)
+            self._reraise_read_error(exc)
         if rows != self.num_rows:
             raise ShortReadError(
                 f"a scan of {self.uri!r} version {self.version} returned {rows} rows, not "
@@ -350,6 +353,12 @@ class LanceSource:
                 self._dataset = self._open(version=self.version)
                 self._pid = os.getpid()
             return self._dataset
+
+    def _reraise_read_error(self, exc: Exception) -> NoReturn:
+        """Re-raise a read's error: explained if the version's files are gone, else scrubbed."""
+        if (gone := explain_read_error(exc, self.uri, self.version)) is not None:
+            raise gone from exc
+        _reraise_scrubbed(exc, self._storage_options)
 
     def _switch_to_uring(self, dataset: lance.LanceDataset) -> lance.LanceDataset:
         """The pinned version opened through io_uring and probed with a one-row take; on any

@@ -11,7 +11,8 @@ Storage options are passed to Lance exactly as given; this module only reads the
   (:func:`probe_endpoint`: Lance retries an unreachable endpoint for seconds, a hung one for
   minutes),
 - turn Lance's error for a failed open into one that names the parameter and the fix
-  (:func:`explain_open_error`).
+  (:func:`explain_open_error`), and its error for a read of files that are gone into one that
+  names the version, the likely cause and the fix (:func:`explain_read_error`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "PROBE_TIMEOUT_S",
     "check_s3_options",
     "explain_open_error",
+    "explain_read_error",
     "is_s3",
     "probe_endpoint",
     "redact",
@@ -279,6 +281,36 @@ def explain_open_error(
             f"storage_options['allow_http']='true'"
         )
     return None
+
+
+# Lance (14) on a read of a file that is gone, locally or on an object store, from a take (OSError)
+# or a scan (pyarrow's ArrowInvalid): "... Not found: <root>/data/<file>.lance, <rust source>", or
+# ".../_deletions/<file>.arrow" for a deletion file (<root> with or without its leading "/").
+_FILE_GONE = re.compile(
+    r"not found: (?:.*?/)?((?:data|_deletions)/[^/\s,]+\.(?:lance|arrow|bin))(?=[,\s]|$)",
+    re.IGNORECASE,
+)
+
+
+def explain_read_error(exc: BaseException, uri: str, version: int) -> FileNotFoundError | None:
+    """The clear error to raise (``from exc``) instead of Lance's ``exc`` from reading rows of
+    version ``version`` of ``uri`` (a ``take`` or a scan), or ``None`` to keep ``exc``.
+
+    A ``FileNotFoundError`` (permanent: never retried) when a data or deletion file of that
+    version is gone: old versions were cleaned up (``cleanup_old_versions``) after a newer one was
+    written, or the files were deleted. It names the version, the file, the cause and the fix.
+    """
+    found = _FILE_GONE.search(str(exc))
+    if found is None:
+        return None
+    return FileNotFoundError(
+        f"the files of version {version} of {redact_uri(uri)!r} are gone (its {found.group(1)} "
+        f"was not found): were old versions cleaned up (cleanup_old_versions) after a newer version "
+        f"was written, or the files deleted, while the loader read version {version}? Rows of "
+        f"another version are never read instead. Tag the version you train on "
+        f"(dataset.tags.create(name, version)) and pass version=name, so that cleanup keeps it, "
+        f"or build the loader again on the latest version"
+    )
 
 
 def _endpoint(options: Mapping[str, str]) -> tuple[str, str] | None:

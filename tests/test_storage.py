@@ -9,6 +9,7 @@ from support.s3server import SilentServer, closed_port
 from lance_prefetch._storage import (
     check_s3_options,
     explain_open_error,
+    explain_read_error,
     is_s3,
     probe_endpoint,
     redact,
@@ -157,3 +158,46 @@ def test_unknown_errors_are_left_to_the_caller():
     assert explain_open_error(ValueError("Invalid value for storage option 'x'"), URI, None) is None
     # a local path: only "not found" is explained, never as an S3 connection problem
     assert explain_open_error(OSError("error sending request"), "/tmp/x.lance", None) is None
+
+
+@pytest.mark.parametrize(
+    "message,path",
+    [
+        (  # a take, a file it had read before (local disk)
+            "LanceError(IO): Generic N/A error: Not found: /tmp/a b/data/x.lance/data/0110d4.lance"
+            ", /home/runner/work/lance/lance/rust/lance-io/src/object_reader.rs:335:56",
+            "data/0110d4.lance",
+        ),
+        (  # a take opening a file (local disk): the root without its leading "/"
+            "Not found: tmp/x.lance/data/0011ff.lance, /home/runner/work/lance/local.rs:273:40",
+            "data/0011ff.lance",
+        ),
+        (  # a scan (pyarrow's ArrowInvalid), a deletion file
+            "External error: Not found: tmp/x.lance/_deletions/1-1-169.arrow, local.rs:273:40",
+            "_deletions/1-1-169.arrow",
+        ),
+        ("LanceError(IO): Not found: data/9a.lance", "data/9a.lance"),  # at a bucket's root
+    ],
+)
+def test_a_read_of_files_that_are_gone_names_the_version_the_cause_and_the_fix(message, path):
+    explained = explain_read_error(OSError(message), URI, 7)
+    assert type(explained) is FileNotFoundError
+    assert str(explained) == (
+        f"the files of version 7 of {URI!r} are gone (its {path} was not found): were old "
+        "versions cleaned up (cleanup_old_versions) after a newer version was written, or the "
+        "files deleted, while the loader read version 7? Rows of another version are never read "
+        "instead. Tag the version you train on (dataset.tags.create(name, version)) and pass "
+        "version=name, so that cleanup keeps it, or build the loader again on the latest version"
+    )
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        NO_DATASET,  # the dataset's manifest: explained when it is opened
+        "LanceError(IO): Generic S3 error: 503 Slow Down",
+        "Not found: data/notes.txt",  # not a file of a Lance version
+    ],
+)
+def test_other_read_errors_are_left_as_they_are(message):
+    assert explain_read_error(OSError(message), URI, 7) is None
