@@ -19,7 +19,7 @@ import anyio.from_thread
 from . import _shutdown
 from ._interrupts import call_holding_sigint, recover_interrupts_in, sigint_deferred
 from ._prefetcher import Prefetcher, PrefetcherClosed, PrefetchStatistics
-from ._shutdown import CLOSE_TIMEOUT_S
+from ._shutdown import CLOSE_WAIT_S, EXIT_WAIT_S
 
 __all__ = ["BlockingPrefetcher", "THREAD_NAME"]
 
@@ -40,8 +40,9 @@ class BlockingPrefetcher(Iterator[R]):
 
     Args:
         prefetcher (Prefetcher): the producer to run; not started yet, run by this iterator only.
-        close_timeout_s (float, optional): how long :meth:`close` waits for the threads that ran
-            fetches to return and exit, in seconds. Default: :data:`CLOSE_TIMEOUT_S` (5 s).
+        close_wait_s (float, optional): the most seconds :meth:`close` takes, stopping the
+            event-loop thread included, waiting for fetches still running to return.
+            Default: :data:`CLOSE_WAIT_S` (0.5 s).
 
     Errors:
         ``next()`` raises what :meth:`Prefetcher.get` raises for a failed item (a
@@ -52,19 +53,20 @@ class BlockingPrefetcher(Iterator[R]):
         :meth:`close` (also run when the iterator is exhausted, fails, is garbage collected, or the
         interpreter exits) cancels the producer and every fetch not yet started and joins the
         event-loop thread. A fetch already running cannot be interrupted (a Lance ``take``); its
-        result is dropped. An explicit ``close()`` then waits up to ``close_timeout_s`` for such
-        fetches to return and their threads to exit, and abandons the rest with a logged warning;
-        the other ways leave them to finish in the background, so an error or ``Ctrl-C`` reaches
-        the caller at once. Whatever is still running at interpreter exit is waited for there, at
-        most :data:`CLOSE_TIMEOUT_S` in all (a thread frozen inside a Lance call by finalization
-        aborts the process). Idempotent.
+        result is dropped unprocessed (no ``process``, so no ``transform``, starts after the
+        close). An explicit ``close()`` then waits for such fetches until ``close_wait_s`` after
+        it began; the other ways do not wait, so an error or ``Ctrl-C`` reaches the caller at
+        once. Either way what still runs is left to finish in the background, and waited for at
+        interpreter exit until :data:`EXIT_WAIT_S` after it was left (a thread frozen inside a
+        Lance call by finalization aborts the process; one still inside then ends the process
+        at once instead, see :mod:`~lance_prefetch._shutdown`). Idempotent.
     """
 
     def __init__(
-        self, prefetcher: Prefetcher[Any, R], *, close_timeout_s: float = CLOSE_TIMEOUT_S
+        self, prefetcher: Prefetcher[Any, R], *, close_wait_s: float = CLOSE_WAIT_S
     ) -> None:
         self._prefetcher = prefetcher
-        self._close_timeout_s = close_timeout_s
+        self._close_wait_s = close_wait_s
         self._pid = os.getpid()
         #: Whether the prefetcher's plan ran out (every item was handed out), not closed early.
         self.exhausted = False
@@ -127,49 +129,67 @@ class BlockingPrefetcher(Iterator[R]):
         return self._prefetcher.statistics()
 
     def close(self, *, wait: bool = True) -> None:
-        """Cancel pending fetches and stop the event-loop thread; then wait for running fetches.
+        """Cancel pending fetches and stop the event-loop thread; then wait a little for running
+        fetches.
 
         Args:
-            wait (bool, optional): ``True``: wait up to ``close_timeout_s`` for the fetches still
-                running in worker threads to return and their threads to exit. ``False``: leave
-                them to finish in the background; they are waited for at interpreter exit (at
-                most :data:`CLOSE_TIMEOUT_S`). Default: ``True``. Exhaustion, an error,
-                ``KeyboardInterrupt`` and garbage collection close with ``wait=False``, so none of
-                them blocks on a stuck read.
+            wait (bool, optional): ``True``: wait for the fetches still running in worker threads
+                to return and their threads to exit, until ``close_wait_s`` after this call began
+                (0.5 s by default), stopping the loop included. ``False``: do not wait. Either way
+                the fetches still running are left to finish in the background (their results
+                dropped) and waited for at interpreter exit, until :data:`EXIT_WAIT_S` after they
+                were left. Default: ``True``. Exhaustion, an error, ``KeyboardInterrupt`` and
+                garbage collection close with ``wait=False``.
 
-        Safe to call more than once (a later ``close()`` still waits for what an earlier
-        ``close(wait=False)`` left running), and from another thread than the consumer's.
+        Safe to call more than once (a later ``close()`` waits again for what an earlier one left
+        running), and from another thread than the consumer's.
         """
+        deadline = time.monotonic() + self._close_wait_s
+        self._stop()
+        if wait:
+            self.wait_for_reads(deadline)
+
+    def _stop(self) -> None:
+        """Stop the producer and the event-loop thread; hand the fetches still running to the
+        exit hook."""
+        left = time.monotonic()
         with self._lock:
             stack, self._stack = self._stack, None
-        if stack is not None:
-            _shutdown.unregister(self)
-            if os.getpid() != self._pid:
+        if os.getpid() != self._pid:
+            if stack is not None:
                 # A forked copy: its threads stayed in the parent. Unwinding the portal's context
                 # manager here would wait for a loop that does not exist, so keep it, never
                 # unwound.
+                _shutdown.unregister(self)
                 _shutdown.keep_forked(stack)
-                return
+            return
+        if stack is not None:
+            _shutdown.unregister(self)
             self._prefetcher.stop_fetching()  # no thread starts a fetch from now on
             # The worker threads exit once their call returns; one that ran a Lance take must end
             # normally, not be frozen by interpreter shutdown, or the process aborts at exit. Hand
-            # them to the exit hook first, so that an interrupted wait below loses none.
-            _shutdown.abandon(self._running_threads(), time.monotonic() + self._close_timeout_s)
+            # them to the exit hook first, so that an interrupted stop below loses none.
+            _shutdown.abandon(self._running_threads(), left + EXIT_WAIT_S)
             with sigint_deferred():  # a Ctrl-C here is raised once the loop thread is joined
                 stack.close()  # cancels the producer, joins the event-loop thread
-        elif os.getpid() != self._pid:
-            return
-        others = self._running_threads()
-        if not wait:
-            _shutdown.abandon(others, time.monotonic() + self._close_timeout_s)
-            return
-        if not _shutdown.join(others, self._close_timeout_s):
-            _shutdown.abandon(others, time.monotonic())  # waited for already: not again at exit
-            _logger.warning(
-                "a fetch was still running %.1f s after close(); it was abandoned and finishes "
-                "in the background",
-                self._close_timeout_s,
-            )
+        _shutdown.abandon(self._running_threads(), left + EXIT_WAIT_S)
+
+    def wait_for_reads(self, deadline: float) -> bool:
+        """After :meth:`close`: wait until ``deadline`` (a ``time.monotonic()`` time) for the
+        fetches still running to return and their threads to exit; whether none runs any more.
+        Those still running are logged (at ``DEBUG``: a slow store at every ``break`` is no
+        fault) and stay the exit hook's."""
+        if os.getpid() != self._pid:
+            return True  # a forked copy: the threads are the parent's
+        running = self._running_threads()
+        if _shutdown.join(running, deadline - time.monotonic()):
+            return True
+        _logger.debug(
+            "%d fetch(es) still running at close(); left to finish in the background (their "
+            "results are dropped; waited for at exit)",
+            sum(thread.is_alive() for thread in running),
+        )
+        return False
 
     def _running_threads(self) -> list[threading.Thread]:
         return [

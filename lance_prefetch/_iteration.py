@@ -301,10 +301,21 @@ class LazyIteration:
         return self._closed or (self._iterator is not None and self._iterator.closed)
 
     def close(self, *, wait: bool = True) -> None:
-        """End the iteration; a running one is closed as :meth:`LoaderIterator.close` does."""
+        """End the iteration; a running one is closed as :meth:`LoaderIterator.close` does
+        (within :data:`~lance_prefetch._shutdown.CLOSE_WAIT_S`, 0.5 s, with ``wait``)."""
         self._closed = True
         if self._iterator is not None:
             self._iterator.close(wait=wait)
+
+    def wait_for_reads(self, deadline: float) -> bool:
+        """See :meth:`~lance_prefetch._blocking.BlockingPrefetcher.wait_for_reads`."""
+        return self._iterator is None or self._iterator.wait_for_reads(deadline)
+
+    def __enter__(self) -> LazyIteration:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def statistics(self) -> PrefetchStatistics:
         """The running iteration's :class:`~lance_prefetch._prefetcher.PrefetchStatistics`

@@ -25,6 +25,7 @@ from ._frameworks import reads_every_rank
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
 from ._ranks import Ranks
+from ._shutdown import close_all
 from ._source import LanceSource
 from ._telemetry import LoaderStats, Telemetry
 from ._validate import check_bool, check_int
@@ -409,10 +410,15 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         return None if self._audit is None else self._audit.report
 
     def close(self) -> None:
-        """Stop every live iterator of this loader in this process (pending reads cancelled).
-        The loader stays usable: a later ``iter(loader)`` starts afresh. Idempotent."""
-        for iterator in list(self._iterators):
-            iterator.close()
+        """Stop every live iterator of this loader in this process: reads not started are
+        cancelled, and reads still running (a ``take`` cannot be interrupted) are waited for
+        0.5 s at most (``CLOSE_WAIT_S``), so this returns within about that, however stuck the
+        store. Reads still running then finish in the background (their rows are dropped; their
+        memory is freed when they return) and are waited for at interpreter exit, until 5 s after
+        they were left, so the process still exits cleanly. The loader stays usable: a later
+        ``iter(loader)`` starts afresh (the next epoch, or the one ``set_epoch`` named).
+        Idempotent. Leaving ``with loader:`` (or ``with iter(loader) as it:``) does the same."""
+        close_all(self._iterators)
 
     def __enter__(self) -> PrefetchLoader:
         return self

@@ -28,7 +28,6 @@ import anyio
 import anyio.to_thread
 
 from ._budget import ReadaheadBudget
-from ._shutdown import CLOSE_TIMEOUT_S
 from ._slots import END, Slot, Timer
 from ._validate import check_depths
 from .retry import RetryPolicy, run_with_retries
@@ -37,6 +36,10 @@ __all__ = ["FetchError", "PrefetchStatistics", "Prefetcher", "PrefetcherClosed"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+#: Seconds :meth:`Prefetcher.get` waits for the producer's verdict (did it crash?) on an item
+#: closed by the producer's own end.
+_VERDICT_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,8 @@ class Prefetcher(Generic[T, R]):
             return None
         if timer is not None:
             timer.stop()
+        if self._closing:  # closed while it read: the result is dropped, nothing processes it
+            return None
         try:
             value = raw if self._process is None else self._process(item, raw)
         except BaseException as exc:  # never retried: re-raised by get(), unchanged
@@ -317,7 +322,8 @@ class Prefetcher(Generic[T, R]):
             self._failed = True
 
     def stop_fetching(self) -> None:
-        """Start no new fetch from now on (fetches already running carry on)."""
+        """Start no new fetch from now on (fetches already running carry on; their results are
+        dropped, never processed)."""
         with self._lock:
             self._closing = True
 
@@ -364,7 +370,7 @@ class Prefetcher(Generic[T, R]):
             self.release(1)
         if isinstance(slot.error, PrefetcherClosed):
             if not self._closing:  # nobody closed us: the producer ended; wait for its verdict
-                self._finished.wait(CLOSE_TIMEOUT_S)
+                self._finished.wait(_VERDICT_WAIT_S)
             if self._crash is not None:
                 raise RuntimeError("the prefetch producer crashed") from self._crash
         if slot.error is not None:

@@ -3,11 +3,11 @@ finish, and what happens to both at interpreter exit.
 
 A thread that ran a Lance ``take`` must end before the interpreter finalizes: a daemon thread
 frozen by finalization mid-call, or even idle after a take, makes the process abort ("terminate
-called without an active exception"). So an iterator that closes without waiting hands its
-still-running read threads to :func:`abandon`, and the ``atexit`` hook closes every live
-iterator, waits for those threads (each until :data:`CLOSE_TIMEOUT_S` after it was left), and
-ends the process at once if one is still inside Lance
-(:func:`~lance_prefetch._exit_guard.exit_if_stuck`).
+called without an active exception"). So an iterator that closes hands its still-running read
+threads to :func:`abandon` (a ``close()`` waits for them :data:`CLOSE_WAIT_S` at most, the other
+ways not at all), and the ``atexit`` hook closes every live iterator, waits for those threads
+(each until :data:`EXIT_WAIT_S` after it was left), and ends the process at once if one is still
+inside Lance (:func:`~lance_prefetch._exit_guard.exit_if_stuck`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,30 @@ from typing import Protocol
 
 from ._exit_guard import exit_if_stuck
 
-__all__ = ["CLOSE_TIMEOUT_S", "abandon", "join", "keep_forked", "register", "unregister"]
+__all__ = [
+    "CLOSE_WAIT_S",
+    "EXIT_WAIT_S",
+    "abandon",
+    "close_all",
+    "join",
+    "keep_forked",
+    "register",
+    "unregister",
+]
 
-#: Seconds a ``close()`` waits, by default, for the threads that ran reads to finish; and how long
-#: after a read was left running the exit hook still waits for it.
-CLOSE_TIMEOUT_S = 5.0
+#: Seconds a ``close()`` takes at most, stopping the event-loop thread included, waiting for the
+#: reads still running to return; those still running then are left to the exit hook.
+CLOSE_WAIT_S = 0.5
+#: Seconds after a read was left running that the exit hook still waits for it.
+EXIT_WAIT_S = 5.0
 
 _logger = logging.getLogger("lance_prefetch.scheduling")
 
 
 class _Closeable(Protocol):
     def close(self, *, wait: bool = True) -> None: ...
+
+    def wait_for_reads(self, deadline: float) -> bool: ...
 
 
 # Invariants: an iterator is in _live from its start until its close() began; a thread is in
@@ -67,6 +80,18 @@ def abandon(threads: Iterable[threading.Thread], deadline: float) -> None:
         _finishing[thread] = min(deadline, _finishing.get(thread, deadline))
 
 
+def close_all(iterators: Iterable[_Closeable], timeout: float = CLOSE_WAIT_S) -> None:
+    """Close ``iterators`` together: each one stops first (reads not started cancelled, its
+    event-loop thread joined), then the reads still running are waited for until ``timeout``
+    seconds after this call began, in all; the exit hook waits for what is left then."""
+    deadline = time.monotonic() + timeout
+    iterators = list(iterators)
+    for iterator in iterators:
+        iterator.close(wait=False)
+    for iterator in iterators:
+        iterator.wait_for_reads(deadline)
+
+
 def join(threads: Iterable[threading.Thread], timeout: float) -> bool:
     """Join ``threads`` for at most ``timeout`` seconds in all; whether they all ended."""
     deadline = time.monotonic() + timeout
@@ -79,8 +104,8 @@ def join(threads: Iterable[threading.Thread], timeout: float) -> bool:
 @atexit.register
 def _close_live_prefetchers() -> None:
     """At exit, close every live iterator and wait for the reads still running, while their
-    threads can still end normally: each until :data:`CLOSE_TIMEOUT_S` after it was left running
-    (not again for one that ``close()`` already waited for). If one is still inside a native call
+    threads can still end normally: each until :data:`EXIT_WAIT_S` after it was left running (by
+    a ``close()``, a ``break``, an error...). If one is still inside a native call
     (a Lance ``take``) after that, or still running after it made one, or a second ``Ctrl-C`` cuts
     the wait short, the process ends at once (:func:`~lance_prefetch._exit_guard.exit_if_stuck`):
     finalizing under it would abort. No read starts after this hook."""
@@ -97,5 +122,5 @@ def _close_live_prefetchers() -> None:
     if any(thread.is_alive() for thread in list(_finishing.keys())):
         _logger.warning(
             "a fetch was still running %.1f s after it was left to finish; it was abandoned",
-            CLOSE_TIMEOUT_S,
+            EXIT_WAIT_S,
         )

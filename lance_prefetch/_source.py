@@ -223,6 +223,7 @@ class LanceSource:
             PermissionError: the object store refused the credentials for the read (HTTP 403:
                 revoked, deactivated or expired since the open); the message names the dataset
                 and the options to check. Not retried.
+            FileNotFoundError: a file of the pinned version is gone (cleaned up, or deleted).
             Exception: Lance's own error from the read (its message without secret values), or,
             on the first read in a new process, the open errors listed in the class docstring.
         """
@@ -275,7 +276,8 @@ class LanceSource:
 
         Raises:
             ShortReadError: the scan returned another number of rows than :attr:`num_rows`.
-            PermissionError: the object store refused the credentials (as :meth:`take`).
+            PermissionError, FileNotFoundError: the object store refused the credentials, or a
+                file of the pinned version is gone (as for :meth:`take`).
             Exception: Lance's own error from the read (without secret values).
         """
         dataset = self._opened()
@@ -393,9 +395,10 @@ class LanceSource:
             raise_instead(error, exc, self._storage_options)
 
     def _reraise_read_error(self, exc: Exception) -> NoReturn:
-        """Re-raise a read's error: a refusal of the credentials as ``PermissionError``
-        (:func:`explain_read_error`), anything else as it is (secrets scrubbed)."""
-        error = explain_read_error(exc, self.uri, self._storage_options)
+        """Re-raise a read's error: a refusal of the credentials as ``PermissionError``, files of
+        the version gone as ``FileNotFoundError`` (:func:`explain_read_error`), anything else as it
+        is (secrets scrubbed)."""
+        error = explain_read_error(exc, self.uri, self.version, self._storage_options)
         raise_instead(error, exc, self._storage_options)
 
     def _checkout(self, dataset: lance.LanceDataset, version: int | str) -> lance.LanceDataset:

@@ -11,8 +11,10 @@ Storage options are passed to Lance exactly as given; this module only reads the
   (:func:`probe_endpoint`: Lance retries an unreachable endpoint for seconds, a hung one for
   minutes),
 - turn Lance's error for a failed open into one that names the parameter and the fix
-  (:func:`explain_open_error`), and a read refused for its credentials (revoked since the open)
-  into a ``PermissionError`` (:func:`explain_read_error`); :func:`raise_instead` raises either.
+  (:func:`explain_open_error`); a read refused for its credentials (revoked since the open)
+  into a ``PermissionError`` and a read of files that are gone into a ``FileNotFoundError``
+  naming the version, the likely cause and the fix (:func:`explain_read_error`);
+  :func:`raise_instead` raises either.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ __all__ = [
     "PROBE_TIMEOUT_S",
     "check_s3_options",
     "explain_open_error",
+    "explain_missing_files",
     "explain_read_error",
+    "explain_refused_read",
     "is_s3",
     "probe_endpoint",
     "raise_instead",
@@ -286,7 +290,37 @@ def explain_open_error(
     return None
 
 
-def explain_read_error(
+# Lance (14) on a read of a file that is gone, locally or on an object store, from a take (OSError)
+# or a scan (pyarrow's ArrowInvalid): "... Not found: <root>/data/<file>.lance, <rust source>", or
+# ".../_deletions/<file>.arrow" for a deletion file (<root> with or without its leading "/").
+_FILE_GONE = re.compile(
+    r"not found: (?:.*?/)?((?:data|_deletions)/[^/\s,]+\.(?:lance|arrow|bin))(?=[,\s]|$)",
+    re.IGNORECASE,
+)
+
+
+def explain_missing_files(exc: BaseException, uri: str, version: int) -> FileNotFoundError | None:
+    """The clear error to raise (``from exc``) instead of Lance's ``exc`` from reading rows of
+    version ``version`` of ``uri`` (a ``take`` or a scan), or ``None`` to keep ``exc``.
+
+    A ``FileNotFoundError`` (permanent: never retried) when a data or deletion file of that
+    version is gone: old versions were cleaned up (``cleanup_old_versions``) after a newer one was
+    written, or the files were deleted. It names the version, the file, the cause and the fix.
+    """
+    found = _FILE_GONE.search(str(exc))
+    if found is None:
+        return None
+    return FileNotFoundError(
+        f"the files of version {version} of {redact_uri(uri)!r} are gone (its {found.group(1)} "
+        f"was not found): were old versions cleaned up (cleanup_old_versions) after a newer version "
+        f"was written, or the files deleted, while the loader read version {version}? Rows of "
+        f"another version are never read instead. Tag the version you train on "
+        f"(dataset.tags.create(name, version)) and pass version=name, so that cleanup keeps it, "
+        f"or build the loader again on the latest version"
+    )
+
+
+def explain_refused_read(
     exc: BaseException, uri: str, storage_options: Mapping[str, str] | None
 ) -> PermissionError | None:
     """The ``PermissionError`` to raise instead of Lance's ``exc`` from a read (``take`` or a
@@ -342,6 +376,17 @@ def reraise_scrubbed(exc: Exception, storage_options: Mapping[str, str] | None) 
     except Exception:
         copy = OSError(f"{type(exc).__name__}: {clean}")
     raise copy from None
+
+
+def explain_read_error(
+    exc: BaseException, uri: str, version: int, storage_options: Mapping[str, str] | None
+) -> OSError | None:
+    """The clear error to raise instead of Lance's ``exc`` from a read (``take`` or a scan) of
+    version ``version`` of ``uri``: :func:`explain_refused_read`'s ``PermissionError``, else
+    :func:`explain_missing_files`'s ``FileNotFoundError``, else ``None`` (keep ``exc``)."""
+    return explain_refused_read(exc, uri, storage_options) or explain_missing_files(
+        exc, uri, version
+    )
 
 
 def _endpoint(options: Mapping[str, str]) -> tuple[str, str] | None:

@@ -19,6 +19,7 @@ import datetime
 import itertools
 import os
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -29,7 +30,14 @@ from pathlib import Path
 import lance
 import numpy as np
 import pytest
-from support.helpers import WORKERS, batch_ids, collect, expected_rank_ids, wait_until
+from support.helpers import (
+    WORKERS,
+    batch_ids,
+    collect,
+    expected_rank_ids,
+    loop_threads,
+    wait_until,
+)
 from support.writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
 from torch.utils.data import DataLoader
 
@@ -363,15 +371,17 @@ def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_
     with pytest.raises(BatchLoadError) as info:
         next(iterator)
     assert (info.value.epoch, info.value.position, info.value.num_rows) == (0, 1, 10)
-    assert "version 1 failed after 1 attempt (not retried: OSError is not transient)" in str(
-        info.value
+    prefix = (
+        f"batch 1 of epoch 0 (10 rows) from {uri!r} version 1 failed after 1 attempt (not "
+        f"retried: FileNotFoundError is not transient): FileNotFoundError: "
     )
-    assert "Not found" in str(info.value) and info.value.attempts == 1
-    assert isinstance(info.value.__cause__, OSError)
+    assert str(info.value).startswith(prefix) and info.value.attempts == 1
+    assert re.fullmatch(gone_message(uri, 1), str(info.value)[len(prefix) :])
+    assert isinstance(info.value.__cause__, FileNotFoundError)
     assert iterator.closed
 
     loader.set_epoch(1)
-    with pytest.raises(BatchLoadError, match=r"^batch 0 of epoch 1 \(10 rows\).*Not found"):
+    with pytest.raises(BatchLoadError, match=r"^batch 0 of epoch 1 \(10 rows\).*are gone"):
         list(loader)
     # a copy (as in a spawned DataLoader worker) cannot reopen version 1 at all
     clone = pickle.loads(pickle.dumps(loader))
@@ -383,6 +393,126 @@ def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_
         ValueError, match=rf"version=1 does not exist .* latest version is {latest}$"
     ):
         PrefetchLoader(uri, 10, version=1)
+
+
+def gone_message(uri: str, version: int) -> str:
+    """The explanation a read of version ``version`` of ``uri`` whose files are gone raises
+    (``FileNotFoundError``), as a pattern; group 1 is the file Lance did not find (``data/...``,
+    relative to the dataset's root)."""
+    return (
+        rf"the files of version {version} of {re.escape(repr(uri))} are gone \(its (\S+) was "
+        rf"not found\): were old versions cleaned up \(cleanup_old_versions\) after a newer version "
+        rf"was written, or the files deleted, while the loader read version {version}\? Rows of "
+        rf"another version are never read instead\. Tag the version you train on "
+        rf"\(dataset\.tags\.create\(name, version\)\) and pass version=name, so that cleanup "
+        rf"keeps it, or build the loader again on the latest version"
+    )
+
+
+def remove_files(uri: str, how: str, storage_options=None) -> None:
+    """``cleanup``: a newer version rewrites every data file (compaction), then
+    ``cleanup_old_versions(older_than=0)`` removes the older versions and their files;
+    ``deleted``: every data file of the dataset is deleted (on local disk)."""
+    if how == "cleanup":
+        write(uri, "compact", storage_options=storage_options)
+        write(uri, "cleanup", storage_options=storage_options)
+        latest = lance.dataset(uri, storage_options=storage_options)
+        assert [v["version"] for v in latest.versions()] == [latest.version]
+    else:
+        for path in Path(uri, "data").iterdir():
+            path.unlink()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["cleanup", "deleted", "cleanup-s3"])
+def test_the_pinned_versions_files_removed_mid_epoch_end_it_with_an_error_naming_the_version(
+    fresh_ids, request, how
+):
+    """Batches 1-4 are read ahead (readahead=4) when the pinned version's data files go (old
+    versions cleaned up, locally and on the S3 server, or the files deleted). The epoch delivers
+    exactly batches 0-4 of its plan, with their own rows, then batch 5 raises BatchLoadError
+    within seconds after one attempt (not a retry storm): its cause a FileNotFoundError that
+    names the version, the file, the likely cause and the fix, chained to Lance's own "Not
+    found". The iterator is closed; the next epoch fails the same way at once."""
+    options = None
+    if how.endswith("-s3"):
+        s3 = request.getfixturevalue("s3")
+        uri = request.getfixturevalue("fresh_s3_ids")(203, rows_per_file=60)
+        options = s3.storage_options()
+        prefix = uri.removeprefix("s3://training/") + "/data/"
+        listing = s3.client().list_objects_v2(Bucket="training", Prefix=prefix)["Contents"]
+        files = {"data/" + item["Key"].rsplit("/", 1)[1] for item in listing}
+    else:
+        uri = fresh_ids(203, rows_per_file=60)
+        files = {f"data/{path.name}" for path in Path(uri, "data").iterdir()}
+    assert len(files) == 4
+    loader = PrefetchLoader(
+        uri, 10, columns=["id", "label"], seed=4, readahead=4, max_in_flight=2, coalesce=1,
+        storage_options=options,
+    )  # fmt: skip
+    plan = expected_rank_ids(loader, epoch=0)
+    iterator = iter(loader)
+    batches = [next(iterator)]
+    assert wait_until(lambda: iterator.statistics().ready == 4, timeout=30)  # 1-4, no more
+    remove_files(uri, how.removesuffix("-s3"), storage_options=options)
+    started = time.monotonic()
+    with pytest.raises(BatchLoadError) as info:
+        batches.extend(iterator)
+    elapsed = time.monotonic() - started
+    assert batch_ids(batches) == plan[:5]
+    check_rows(batches)
+    error = info.value
+    assert (error.epoch, error.position, error.num_rows, error.attempts) == (0, 5, 10, 1)
+    prefix = (
+        f"batch 5 of epoch 0 (10 rows) from {uri!r} version 1 failed after 1 attempt (not "
+        f"retried: FileNotFoundError is not transient): FileNotFoundError: "
+    )
+    assert str(error).startswith(prefix)
+    found = re.fullmatch(gone_message(uri, 1), str(error)[len(prefix) :])
+    assert found is not None, str(error)
+    assert found.group(1) in files
+    assert isinstance(error.__cause__, FileNotFoundError)
+    assert str(error.__cause__) == str(error)[len(prefix) :]
+    lance_error = error.__cause__.__cause__
+    assert type(lance_error) is OSError and f"/{found.group(1)}, " in str(lance_error), lance_error
+    assert "Not found: " in str(lance_error)
+    assert elapsed < 5.0, elapsed
+    assert iterator.closed and wait_until(lambda: not loop_threads(), timeout=2.0)
+
+    started = time.monotonic()
+    with pytest.raises(BatchLoadError, match=r"^batch 0 of epoch 1 \(10 rows\) .* version 1 "):
+        list(loader)
+    assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cache", ["memory", "disk"])
+def test_a_cache_filled_before_the_files_went_keeps_serving_the_pinned_version(
+    fresh_ids, tmp_path, cache
+):
+    """A cache holds the pinned version's rows: filled (at the first iter()) before the data files
+    are deleted, it serves that version exactly, whole epochs, never another version's rows. A
+    cache filled after they went fails its fill, naming the version and the cause."""
+    uri = fresh_ids(203, rows_per_file=60)
+    loader = PrefetchLoader(uri, 10, columns=["id", "label"], seed=4, cache=cache)
+    iterator = iter(loader)
+    batches = [next(iterator)]  # the cache is filled
+    remove_files(uri, "deleted")
+    batches.extend(iterator)
+    assert batch_ids(batches) == expected_rank_ids(loader, epoch=0)
+    check_rows(batches)
+    assert collect(loader, epoch=1) == expected_rank_ids(loader, epoch=1)
+
+    elsewhere = {"cache_dir": str(tmp_path / "late")} if cache == "disk" else {}
+    late = PrefetchLoader(uri, 10, columns=["id"], cache=cache, **elsewhere)
+    with pytest.raises(OSError) as info:
+        iter(late)
+    if cache == "memory":
+        assert type(info.value) is FileNotFoundError
+        assert re.fullmatch(gone_message(uri, 1), str(info.value))
+    else:  # Lance's writer, reading the scan, wraps the scan's error in its own
+        assert type(info.value) is OSError
+        assert re.search(gone_message(uri, 1), str(info.value))
 
 
 def test_a_copy_reopening_a_removed_version_names_the_version(fresh_ids):

@@ -10,7 +10,9 @@ from support.s3server import SilentServer, closed_port
 from lance_prefetch._storage import (
     check_s3_options,
     explain_open_error,
+    explain_missing_files,
     explain_read_error,
+    explain_refused_read,
     is_s3,
     probe_endpoint,
     redact,
@@ -176,7 +178,7 @@ def test_unknown_errors_are_left_to_the_caller():
 
 
 def test_a_read_refused_for_its_credentials_is_a_permission_error_naming_the_dataset():
-    explained = explain_read_error(OSError(READ_REVOKED), URI, SECRETS)
+    explained = explain_refused_read(OSError(READ_REVOKED), URI, SECRETS)
     assert type(explained) is PermissionError
     assert str(explained) == (
         "the endpoint storage_options['aws_endpoint']='http://127.0.0.1:9000' refused the "
@@ -186,14 +188,64 @@ def test_a_read_refused_for_its_credentials_is_a_permission_error_naming_the_dat
         "storage_options['aws_access_key_id'] and ['aws_secret_access_key'] (and "
         "['aws_session_token'] for temporary credentials)"
     )
-    denied = explain_read_error(OSError(BAD_SIGNATURE.replace("AKIAEXAMPLE", "k")), URI, SECRETS)
+    denied = explain_refused_read(OSError(BAD_SIGNATURE.replace("AKIAEXAMPLE", "k")), URI, SECRETS)
     assert "(SignatureDoesNotMatch: The request signature" in str(denied)
-    bare = explain_read_error(OSError("Generic S3 error: 403 Forbidden"), URI, None)
+    bare = explain_refused_read(OSError("Generic S3 error: 403 Forbidden"), URI, None)
     assert str(bare).startswith("the object store refused the credentials while reading")
 
 
 def test_other_read_errors_are_left_as_they_are():
-    assert explain_read_error(OSError(READ_SLOW_DOWN), URI, SECRETS) is None
-    assert explain_read_error(OSError(REFUSED), URI, SECRETS) is None
+    assert explain_refused_read(OSError(READ_SLOW_DOWN), URI, SECRETS) is None
+    assert explain_refused_read(OSError(REFUSED), URI, SECRETS) is None
     # a local dataset: "permission denied" is the file system's, left to Lance's own error
-    assert explain_read_error(OSError("403 Forbidden"), "/tmp/x.lance", None) is None
+    assert explain_refused_read(OSError("403 Forbidden"), "/tmp/x.lance", None) is None
+
+
+@pytest.mark.parametrize(
+    "message,path",
+    [
+        (  # a take, a file it had read before (local disk)
+            "LanceError(IO): Generic N/A error: Not found: /tmp/a b/data/x.lance/data/0110d4.lance"
+            ", /home/runner/work/lance/lance/rust/lance-io/src/object_reader.rs:335:56",
+            "data/0110d4.lance",
+        ),
+        (  # a take opening a file (local disk): the root without its leading "/"
+            "Not found: tmp/x.lance/data/0011ff.lance, /home/runner/work/lance/local.rs:273:40",
+            "data/0011ff.lance",
+        ),
+        (  # a scan (pyarrow's ArrowInvalid), a deletion file
+            "External error: Not found: tmp/x.lance/_deletions/1-1-169.arrow, local.rs:273:40",
+            "_deletions/1-1-169.arrow",
+        ),
+        ("LanceError(IO): Not found: data/9a.lance", "data/9a.lance"),  # at a bucket's root
+    ],
+)
+def test_a_read_of_files_that_are_gone_names_the_version_the_cause_and_the_fix(message, path):
+    explained = explain_missing_files(OSError(message), URI, 7)
+    assert type(explained) is FileNotFoundError
+    assert str(explained) == (
+        f"the files of version 7 of {URI!r} are gone (its {path} was not found): were old "
+        "versions cleaned up (cleanup_old_versions) after a newer version was written, or the "
+        "files deleted, while the loader read version 7? Rows of another version are never read "
+        "instead. Tag the version you train on (dataset.tags.create(name, version)) and pass "
+        "version=name, so that cleanup keeps it, or build the loader again on the latest version"
+    )
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        NO_DATASET,  # the dataset's manifest: explained when it is opened
+        "LanceError(IO): Generic S3 error: 503 Slow Down",
+        "Not found: data/notes.txt",  # not a file of a Lance version
+    ],
+)
+def test_other_missing_file_errors_are_left_as_they_are(message):
+    assert explain_missing_files(OSError(message), URI, 7) is None
+
+
+def test_a_read_error_is_explained_by_whichever_rule_matches():
+    assert type(explain_read_error(OSError(READ_REVOKED), URI, 7, SECRETS)) is PermissionError
+    gone = OSError("LanceError(IO): Not found: data/9a.lance")
+    assert type(explain_read_error(gone, URI, 7, SECRETS)) is FileNotFoundError
+    assert explain_read_error(OSError(READ_SLOW_DOWN), URI, 7, SECRETS) is None

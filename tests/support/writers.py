@@ -33,7 +33,7 @@ def rows(ids: Sequence[int]) -> pa.Table:
     )
 
 
-def write(uri: str, operation: str) -> None:
+def write(uri: str, operation: str, *, storage_options: dict[str, str] | None = None) -> None:
     """Change the dataset at ``uri`` by one ``operation``:
 
     - ``append``: add the rows ``APPENDED_IDS`` (500 rows, in new fragments);
@@ -43,19 +43,22 @@ def write(uri: str, operation: str) -> None:
       (rewriting the data files, so the latest version's offsets all move);
     - ``cleanup``: remove every version but the latest, and the files only they reference
       (``cleanup_old_versions(older_than=0)``).
+
+    ``storage_options``: for a dataset on an object store.
     """
+    options = {"storage_options": storage_options}
     if operation == "append":
-        lance.write_dataset(rows(APPENDED_IDS), uri, mode="append")
+        lance.write_dataset(rows(APPENDED_IDS), uri, mode="append", **options)
     elif operation == "delete":
-        lance.dataset(uri).delete("id < 100")
+        lance.dataset(uri, **options).delete("id < 100")
     elif operation == "overwrite":
-        lance.write_dataset(rows(OVERWRITTEN_IDS), uri, mode="overwrite")
+        lance.write_dataset(rows(OVERWRITTEN_IDS), uri, mode="overwrite", **options)
     elif operation == "compact":
-        dataset = lance.dataset(uri)
+        dataset = lance.dataset(uri, **options)
         dataset.delete("id % 3 = 0")
-        lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=1_000_000)
+        lance.dataset(uri, **options).optimize.compact_files(target_rows_per_fragment=1_000_000)
     elif operation == "cleanup":
-        lance.dataset(uri).cleanup_old_versions(older_than=datetime.timedelta(seconds=0))
+        lance.dataset(uri, **options).cleanup_old_versions(older_than=datetime.timedelta(seconds=0))
     else:
         raise ValueError(f"unknown operation {operation!r}")
 
