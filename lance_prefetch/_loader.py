@@ -410,13 +410,10 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         return None if self._audit is None else self._audit.report
 
     def close(self) -> None:
-        """Stop every live iterator of this loader in this process: reads not started are
-        cancelled, and reads still running (a ``take`` cannot be interrupted) are waited for
-        0.5 s at most (``CLOSE_WAIT_S``), so this returns within about that, however stuck the
-        store. Reads still running then finish in the background (their rows are dropped; their
-        memory is freed when they return) and are waited for at interpreter exit, until 5 s after
-        they were left, so the process still exits cleanly. The loader stays usable: a later
-        ``iter(loader)`` starts afresh (the next epoch, or the one ``set_epoch`` named).
+        """Stop every live iterator of this loader in this process within about 0.5 s
+        (``CLOSE_WAIT_S``), however stuck the store: reads not started are cancelled; running
+        ones finish in the background (rows dropped) and are waited for at exit, up to 5 s after
+        they were left. The loader stays usable: a later ``iter(loader)`` starts afresh.
         Idempotent. Leaving ``with loader:`` (or ``with iter(loader) as it:``) does the same."""
         close_all(self._iterators)
 

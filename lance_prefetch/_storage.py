@@ -30,8 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 __all__ = [
     "PROBE_TIMEOUT_S",
     "check_s3_options",
-    "explain_open_error",
     "explain_missing_files",
+    "explain_open_error",
     "explain_read_error",
     "explain_refused_read",
     "is_s3",

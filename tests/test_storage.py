@@ -9,8 +9,8 @@ from support.s3server import SilentServer, closed_port
 
 from lance_prefetch._storage import (
     check_s3_options,
-    explain_open_error,
     explain_missing_files,
+    explain_open_error,
     explain_read_error,
     explain_refused_read,
     is_s3,
