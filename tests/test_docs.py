@@ -88,3 +88,17 @@ def test_every_test_reliability_md_cites_exists():
         elif param and f'"{param}"' not in sources[where[0]]:
             broken.append(f"line {number}: {file}::{test} has no parameter {param!r}")
     assert broken == [], "docs/reliability.md cites tests that are gone:\n" + "\n".join(broken)
+
+
+def test_the_links_to_reliability_md_sections_resolve():
+    """Its own ``(#section)`` links (the at-a-glance table's) and README's ``reliability.md#...``."""
+    page = RELIABILITY.read_text()
+    slugs = {
+        re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        for title in re.findall(r"^#{2,} (.+)$", page, re.M)
+    }
+    links = re.findall(r"\]\(#([\w-]+)\)", page)
+    links += re.findall(r"reliability\.md#([\w-]+)", (ROOT / "README.md").read_text())
+    assert len(links) > 20, "few links found: has the page's form changed?"
+    missing = sorted(set(links) - slugs)
+    assert missing == [], f"links to no section of docs/reliability.md: {missing}"
