@@ -1,6 +1,6 @@
-"""docs/frameworks.md stays true: its ``<!-- run -->`` snippets run as they are, and every line of
-its ``<!-- excerpt: path -->`` snippets is a line of that example (which test_frameworks.py
-runs under the real framework)."""
+"""The docs stay true: docs/frameworks.md's ``<!-- run -->`` snippets run as they are, and every
+line of its ``<!-- excerpt: path -->`` snippets is a line of that example (which
+test_frameworks.py runs under the real framework); every test docs/reliability.md cites exists."""
 
 from __future__ import annotations
 
@@ -37,3 +37,68 @@ def test_snippets_run(path, code):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exec(compile(code, str(PAGE), "exec"), {"__name__": "__docs__"})
+
+
+RELIABILITY = ROOT / "docs" / "reliability.md"
+SPAN = re.compile(r"`([^`\n]+)`")
+# `test_x.py`, `tests/test_x.py::test_y`, `::test_y` (the line's last file), `[param]` (the line's
+# last test), `test_y[param]`, and a bare `test_y` (defined in some test file)
+CITE = re.compile(r"(?:tests/)?(test_\w+\.py)?(?:(?:^|::)(test_\w+))?(\[[^\]]+\])?")
+
+
+def cited_tests() -> list[tuple[int, str | None, str | None, str | None]]:
+    """(line, file, test, param id) for every test docs/reliability.md cites, as the page spells
+    it; file None: a bare test name; test None: the whole file."""
+    found = []
+    for number, line in enumerate(RELIABILITY.read_text().splitlines(), 1):
+        file = test = None
+        for span in SPAN.findall(line):
+            m = CITE.fullmatch(span)
+            if not m or not any(m.groups()):
+                continue
+            cited_file, cited_test, param = m.groups()
+            if cited_file:  # a file starts a new citation
+                file, test = cited_file, cited_test
+            elif span.startswith("::"):  # `::test_y`: the line's last file
+                assert file, f"reliability.md:{number}: {span} follows no test_x.py"
+                test = cited_test
+            elif cited_test:  # a bare name
+                file, test = None, cited_test
+            elif not test:  # `[...]` on a line citing no test: not a citation
+                continue
+            found.append((number, file, test, param and param[1:-1]))
+    return found
+
+
+def test_every_test_reliability_md_cites_exists():
+    """A test renamed or removed (or a parameter id changed) fails here until the page names it
+    again: the file exists under tests/ and has a ``def test_y(``, and the id is a string in it."""
+    sources = {path.name: path.read_text() for path in (ROOT / "tests").glob("test_*.py")}
+    cited = cited_tests()
+    assert len(cited) > 50, "few citations found: has the page's form changed?"
+    broken = []
+    for number, file, test, param in cited:
+        if file is not None and file not in sources:
+            broken.append(f"line {number}: tests/{file} does not exist")
+            continue
+        defines = re.compile(rf"^\s*(async )?def {test}\(", re.M)
+        where = [file] if file else [name for name in sources if defines.search(sources[name])]
+        if test and not (where and defines.search(sources[where[0]])):
+            broken.append(f"line {number}: no def {test}( in {file or 'any test file'}")
+        elif param and f'"{param}"' not in sources[where[0]]:
+            broken.append(f"line {number}: {file}::{test} has no parameter {param!r}")
+    assert broken == [], "docs/reliability.md cites tests that are gone:\n" + "\n".join(broken)
+
+
+def test_the_links_to_reliability_md_sections_resolve():
+    """Its own ``(#section)`` links (the at-a-glance table's) and README's ``reliability.md#...``."""
+    page = RELIABILITY.read_text()
+    slugs = {
+        re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        for title in re.findall(r"^#{2,} (.+)$", page, re.M)
+    }
+    links = re.findall(r"\]\(#([\w-]+)\)", page)
+    links += re.findall(r"reliability\.md#([\w-]+)", (ROOT / "README.md").read_text())
+    assert len(links) > 20, "few links found: has the page's form changed?"
+    missing = sorted(set(links) - slugs)
+    assert missing == [], f"links to no section of docs/reliability.md: {missing}"
