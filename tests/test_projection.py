@@ -137,6 +137,19 @@ def test_blobs_are_read_in_the_order_asked_repeats_included(tmp_path, version):
     assert after.column("blob").to_pylist() == [blob_of(3), blob_of(41), blob_of(3)]
 
 
+def test_fewer_blobs_than_offsets_is_a_short_read(blobs_60, monkeypatch):
+    """Blobs missing from Lance's answer are a ``ShortReadError`` (never retried), not a
+    shorter batch."""
+    from lance_prefetch import _source
+    from lance_prefetch._source import ShortReadError
+
+    read = _source._read_blobs
+    monkeypatch.setattr(_source, "_read_blobs", lambda *args: read(*args)[:-1])
+    source = LanceSource(blobs_60, SourceOptions(columns=["id", "blob"]))
+    with pytest.raises(ShortReadError, match=r"^Lance returned 2 rows for 3 offsets from '.*b\.lance' version 1$"):  # fmt: skip
+        source.take(np.array([5, 45, 5]))
+
+
 def test_blob_columns_through_the_loader_in_every_read_mode(make_loader, blobs_60):
     """Each batch's ``blob`` is ``list[bytes | None]`` of exactly its ids, also the rows a rank's
     share repeats (60 rows over 7 ranks: rank 6 ends with rank 0's first batch); the caches hold
