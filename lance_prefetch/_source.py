@@ -4,7 +4,9 @@ This is the only module that imports ``lance``. A :class:`LanceSource` opens the
 construction (to pin the version, count the live rows and check the columns), pickles small (URI,
 version, columns, storage options; never the open dataset) and reopens the pinned version lazily,
 once per process, when it is first used there (a spawned DataLoader worker). A copy inherited through
-``fork`` refuses to read (Lance is not fork-safe) with an error that names the fix.
+``fork`` refuses to read (Lance is not fork-safe) with an error that names the fix. Columns may
+be paths into structs (``"image.bytes"``) and blob columns (read with ``read_blobs``); every read
+returns one flat table (:mod:`lance_prefetch._projection`).
 
 Storage options go to Lance as given. For ``s3://`` URIs they are checked before any I/O, an
 explicit endpoint is probed (a few seconds at most, where Lance alone retries for seconds or
