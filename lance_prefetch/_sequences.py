@@ -227,7 +227,7 @@ def pack(flat: Flat, seq_len: int, pad_value: float, *, labels: bool, boundaries
         # the padding counts as one more sequence (positions from 0, seq_idx = number of
         # documents), as boundaries derived from position_ids make it: the two agree
         position = np.empty(size, dtype=np.int64)
-        position[:total] = np.arange(total) - np.repeat(flat.starts, lengths)
+        np.subtract(np.arange(total), np.repeat(flat.starts, lengths), out=position[:total])
         position[total:] = np.arange(padding)
         seq_idx = np.empty(size, dtype=np.int32)
         seq_idx[:total] = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
