@@ -24,12 +24,13 @@ the column's name [1]_   ``(rows, length)``, column's dtype   ``(packed, seq_len
 .. [2] Only with ``labels_key="labels"``; ``mask_key=None`` leaves the mask out.
 
 The names and dtypes are Hugging Face's (``tokenizer.pad``, ``DataCollatorWithPadding``,
-``DataCollatorWithFlattening``), so ``model(**batch)`` takes them, and the packed boundaries are
-FlashAttention's ``flash_attn_varlen_func`` arguments (``cu_seqlens_q``, ``max_seqlen_q``).
+``DataCollatorWithFlattening``), so a Hugging Face model takes them by name, and the packed
+boundaries are FlashAttention's ``flash_attn_varlen_func`` arguments (``cu_seqlens_q``,
+``max_seqlen_q``).
 
 **Padding** goes to the batch's longest row (rounded up to ``pad_to_multiple_of``), or to a fixed
-``max_length``. A row longer than ``max_length`` is a ``ValueError`` naming the column, the row
-and both lengths, unless ``truncation=True`` cuts it (never silently). Rows already all of that
+``max_length``. A row longer than ``max_length`` is a ``ValueError`` naming the column, the longest
+row and both lengths, unless ``truncation=True`` cuts it (never silently). Rows already all of that
 length come back as a view of the column's buffer, without a copy.
 
 **Packing** lays the batch's documents (rows) end to end, in the batch's order, and cuts that
@@ -61,6 +62,10 @@ from ._validate import check_bool, check_choice, check_int, check_key, check_num
 __all__ = ["PackTokens", "PadTokens"]
 
 _SIDES = ("right", "left")
+#: the keys PackTokens(boundaries=True) writes besides the tokens, the mask and the labels
+_BOUNDARY_KEYS = (
+    "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,11 +252,6 @@ def _check_common(options: PadTokens | PackTokens) -> None:
             f"{type(options).__name__} would write {repeated[0]!r} twice (key, mask_key, "
             f"labels_key and the boundaries' keys must differ); pass another key"
         )
-
-
-_BOUNDARY_KEYS = (
-    "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
-)  # fmt: skip
 
 
 def _set(options: Any, name: str, value: Any) -> None:

@@ -97,6 +97,8 @@ def test_padding_and_mask_equal_the_reference(padding_side, options):
         assert {k: v.tolist() for k, v in pad.pad(sequences).items()} == {
             "tokens": ids, "attention_mask": mask,
         }  # fmt: skip
+    sliced = reference_pad(DOCS[2:], padding_side=padding_side, **options)[0]
+    assert pad.pad(table["tokens"].slice(2))["tokens"].tolist() == sliced  # offsets of a slice
     assert pad.pad(DOCS)["tokens"].tolist() == ids  # Python lists: int64
     assert pad.pad(DOCS)["tokens"].dtype == torch.int64
     if "max_length" not in options and "pad_to_multiple_of" not in options:  # torch's own
