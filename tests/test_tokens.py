@@ -234,6 +234,8 @@ def test_labels_ignore_padding_and_document_starts():
          "PackTokens would write 'position_ids' twice (key, mask_key, labels_key and the "
          "boundaries' keys must differ); pass another key"),
     ],
+    ids=["truncation-alone", "max_length-0", "side", "both-lengths", "pad_value-None",
+         "truncation-int", "same-key", "seq_len-0", "empty-column", "boundary-key"],
 )  # fmt: skip
 def test_options_are_checked_at_construction(make, error, message):
     with pytest.raises(error) as raised:
