@@ -20,6 +20,7 @@ so no worker scans again.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -134,7 +135,7 @@ class SubsetSource:
         """As the inner source's."""
         return self.inner.options_repr()
 
-    def scan(self) -> Any:
+    def scan(self) -> Iterator[pa.RecordBatch]:
         """The selected rows in position order, from one scan of the inner ``LanceSource``
         (what ``cache="memory"`` fills from: it then holds the ``m`` rows only).
 

@@ -198,6 +198,8 @@ def test_a_filter_matching_nothing_is_refused(holey):
                                  "Expression is not valid: label = "),
         ("colour = 'red'", ValueError, "filter=\"colour = 'red'\" was refused by Lance: Invalid "
                                        "user input: Schema error: No field named colour."),
+        ("_rowid < 9", ValueError, "filter='_rowid < 9' was refused by Lance: Invalid user "
+                                   "input: Schema error: No field named _rowid."),
         ("label", ValueError, "filter='label' is not a predicate: Lance evaluates it to int64 "
                               "values, not booleans;"),
         ("  ", ValueError, "filter should be a Lance SQL predicate such as \"label = 3\""),
