@@ -73,6 +73,7 @@ def flat(batches) -> list[int]:
         ("id % 7 = 1 AND label >= 5", lambda ids, labels: (ids % 7 == 1) & (labels >= 5)),
         ("id IN (0, 1, 2, 6, 230, 599)", lambda ids, labels: np.isin(ids, [0, 1, 2, 6, 230, 599])),
     ],
+    ids=["one-column", "two-columns", "in-list"],
 )
 def test_the_filter_selects_exactly_the_rows_numpy_and_lance_select(
     holey, live, predicate, reference
@@ -205,6 +206,7 @@ def test_a_filter_matching_nothing_is_refused(holey):
         ("  ", ValueError, "filter should be a Lance SQL predicate such as \"label = 3\""),
         (3, TypeError, "filter should be a Lance SQL predicate such as \"label = 3\""),
     ],
+    ids=["bad-sql", "unknown-column", "row-id", "not-a-predicate", "blank", "not-a-string"],
 )  # fmt: skip
 def test_a_bad_filter_is_refused_naming_it_and_lances_message(holey, predicate, error, start):
     with pytest.raises(error) as info:
@@ -387,6 +389,7 @@ def test_key_hashes_are_the_documented_formula():
         ({"seed": -1}, ValueError, "Split seed should be an integer >= 0, but got Split seed=-1"),
         ({"by": ""}, ValueError, "Split by should be 'position' or a column name, but got by=''"),
     ],
+    ids=["sum", "name", "zero", "not-a-mapping", "seed", "by"],
 )  # fmt: skip
 def test_a_bad_split_is_refused_naming_the_field(options, error, message):
     fields = {"fractions": {"train": 0.9, "validation": 0.1}, "name": "train", **options}
