@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn, Protocol
 
 import lance
@@ -193,6 +193,8 @@ class LanceSource:
             )
         self.columns: tuple[str, ...] = columns
         self.schema: pa.Schema = pa.schema([schema.field(name) for name in columns])
+        #: The pinned version's whole schema (for checks of options naming other columns).
+        self.dataset_schema: pa.Schema = schema
         self.num_rows: int = dataset.count_rows()
         #: When the pinned version was committed (ISO 8601, from its manifest; ``""`` if Lance
         #: does not say): with the URI and version, it names the version's rows for caches.
@@ -266,13 +268,18 @@ class LanceSource:
         """The storage options with secret values hidden (:func:`redact`)."""
         return redact(self._storage_options)
 
-    def scan(self, *, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+    def scan(
+        self, *, batch_rows: int = 8192, projection: Mapping[str, str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
         """Every live row of the pinned version once, in offset order (row ``i`` of the
         concatenation is the row ``take([i])`` reads), projected to :attr:`columns`: a sequential
         scan, a few large reads per file (on object stores far fewer requests than ``take``).
 
         Args:
             batch_rows (int, optional): rows per record batch. Default: ``8192``.
+            projection (Mapping[str, str], optional): instead of :attr:`columns`, Lance SQL
+                expressions by output name (Lance reads only the columns they name). Default:
+                ``None``.
 
         Raises:
             ShortReadError: the scan returned another number of rows than :attr:`num_rows`.
@@ -283,8 +290,9 @@ class LanceSource:
         dataset = self._opened()
         try:
             with native_call():
+                columns = list(self.columns) if projection is None else dict(projection)
                 reader = dataset.scanner(
-                    columns=list(self.columns), batch_size=batch_rows, scan_in_order=True
+                    columns=columns, batch_size=batch_rows, scan_in_order=True
                 ).to_reader()
             rows = 0
             while True:

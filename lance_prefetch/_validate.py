@@ -21,6 +21,7 @@ __all__ = [
     "check_callable",
     "check_choice",
     "check_depths",
+    "check_filter",
     "check_folder",
     "check_int",
     "check_int_or_auto",
@@ -183,6 +184,25 @@ def check_depths(readahead: Any, max_in_flight: Any) -> tuple[int, int]:
             f"readahead={readahead}; every fetch in flight holds one of the readahead slots"
         )
     return readahead, max_in_flight
+
+
+def check_filter(value: Any) -> str | None:
+    """``filter``: ``None``, or a non-empty string (Lance parses it at construction).
+
+    Raises:
+        TypeError: not a string (nor ``None``).
+        ValueError: an empty or blank string.
+    """
+    if value is None:
+        return None
+    example = (
+        'a Lance SQL predicate such as "label = 3" (as LanceDataset.scanner(filter=...) takes)'
+    )
+    if not isinstance(value, str):
+        raise TypeError(f"filter should be {example}, or None, but got filter={value!r}")
+    if not value.strip():
+        raise ValueError(f"filter should be {example}, or None for every row, but got {value!r}")
+    return value
 
 
 def check_names(name: str, value: Iterable[str] | None) -> tuple[str, ...] | None:
