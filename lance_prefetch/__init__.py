@@ -9,9 +9,9 @@ The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableData
 :mod:`~lance_prefetch.sampling` (which rows in which batch), :mod:`~lance_prefetch.permutation`
 (each epoch's order), :mod:`~lance_prefetch.splits` (which rows form which part of a split),
 :mod:`~lance_prefetch.convert` (Arrow to torch),
-:mod:`~lance_prefetch.state` (checkpoint state) and :mod:`~lance_prefetch.retry` (which read
-errors are retried, and how). The machinery lives in private modules; ``docs/design.md`` maps
-them.
+:mod:`~lance_prefetch.state` (checkpoint state), :mod:`~lance_prefetch.retry` (which read
+errors are retried, and how) and :mod:`~lance_prefetch.tokens` (padding and packing token
+sequences). The machinery lives in private modules; ``docs/design.md`` maps them.
 """
 
 import importlib
