@@ -3,13 +3,15 @@
 The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``),
 :class:`BatchLoadError`, :class:`RetryPolicy`, :class:`LoaderStats` (from ``loader.stats()``),
 :class:`CoverageError` and :class:`AuditReport` (the coverage audit, ``audit=True``),
+:class:`Split` (one part of a seeded train/validation split, ``split=``),
 :func:`state_from_dataloader`, and for PyTorch's own samplers the map-style
 :class:`LanceMapDataset` with its :func:`collate`. The public modules are the rule books:
 :mod:`~lance_prefetch.sampling` (which rows in which batch), :mod:`~lance_prefetch.permutation`
-(each epoch's order), :mod:`~lance_prefetch.convert` (Arrow to torch),
-:mod:`~lance_prefetch.state` (checkpoint state) and :mod:`~lance_prefetch.retry` (which read
-errors are retried, and how). The machinery lives in private modules; ``docs/design.md`` maps
-them.
+(each epoch's order), :mod:`~lance_prefetch.splits` (which rows form which part of a split),
+:mod:`~lance_prefetch.convert` (Arrow to torch),
+:mod:`~lance_prefetch.state` (checkpoint state), :mod:`~lance_prefetch.retry` (which read
+errors are retried, and how) and :mod:`~lance_prefetch.tokens` (padding and packing token
+sequences). The machinery lives in private modules; ``docs/design.md`` maps them.
 """
 
 import importlib
@@ -22,6 +24,7 @@ from ._errors import BatchLoadError as BatchLoadError
 from ._errors import CoverageError as CoverageError
 from ._telemetry import LoaderStats as LoaderStats
 from .retry import RetryPolicy as RetryPolicy
+from .splits import Split as Split
 from .state import state_from_dataloader as state_from_dataloader
 
 if TYPE_CHECKING:
@@ -60,6 +63,7 @@ __all__ = [
     "LoaderStats",
     "PrefetchLoader",
     "RetryPolicy",
+    "Split",
     "__version__",
     "collate",
     "state_from_dataloader",

@@ -22,6 +22,7 @@ from ._validate import (
     check_callable,
     check_choice,
     check_depths,
+    check_filter,
     check_folder,
     check_int,
     check_int_or_auto,
@@ -33,6 +34,7 @@ from ._validate import (
 )
 from .permutation import KINDS, resolve_kind
 from .retry import RetryPolicy
+from .splits import Split
 
 __all__ = [
     "DEFAULT_MAX_BUFFER_BYTES",
@@ -144,6 +146,8 @@ class LoaderConfig:
     device: Any = None
     audit: bool = False
     audit_dir: str | os.PathLike[str] | None = None
+    filter: str | None = None
+    split: Split | None = None
     source_options: SourceOptions = field(init=False, repr=False, compare=False)
     placement: Placement = field(init=False, repr=False, compare=False)
 
@@ -196,6 +200,12 @@ class LoaderConfig:
             coalesce_size(self.coalesce, self.batch_size, self.readahead)  # coalesce <= readahead
         check_folder("cache_dir", self.cache_dir)
         _check_audit(self)
+        _set(self, "filter", check_filter(self.filter))
+        if self.split is not None and not isinstance(self.split, Split):
+            raise TypeError(
+                f"split should be a lance_prefetch.Split or None, but got split={self.split!r}; "
+                f"e.g. Split(fractions={{'train': 0.9, 'validation': 0.1}}, name='train')"
+            )
         _set(self, "placement", check_placement(self.pin_memory, self.device))
         _set(self, "source_options", SourceOptions(
             columns=self.columns, version=self.version,

@@ -47,6 +47,20 @@ class Placement:
         """Whether anything is done to the batches."""
         return self.pinned or self.device is not None
 
+    def check_worker(self, worker: Any) -> None:
+        """Refuse pinning or a device in a DataLoader worker (``worker``: its
+        ``get_worker_info()``; ``None`` in the main process).
+
+        Raises:
+            ValueError: ``pin_memory`` or ``device`` set, and ``worker`` is not ``None``.
+        """
+        if worker is not None and self.active:
+            raise ValueError(
+                "pin_memory and device apply where batches reach the training loop, not in "
+                "DataLoader workers: pass DataLoader(..., pin_memory=True) and move batches in the "
+                "loop, or leave num_workers=0"
+            )
+
 
 def check_placement(pin_memory: bool, device: str | torch.device | int | None) -> Placement:
     """Check the loader's ``pin_memory`` and ``device`` options.

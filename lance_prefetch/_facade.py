@@ -1,10 +1,13 @@
-"""What both public readers show of their source: :class:`SourceFacade`."""
+"""What the public readers show of their source: :class:`SourceFacade`, and the loader's
+``repr`` (:func:`loader_repr`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._source import RowSource
 
-__all__ = ["SourceFacade"]
+__all__ = ["SourceFacade", "loader_repr"]
 
 
 class SourceFacade:
@@ -32,3 +35,22 @@ class SourceFacade:
     def columns(self) -> tuple[str, ...]:
         """The columns each batch (or row) holds, in order."""
         return self._source.columns
+
+
+def loader_repr(loader: Any) -> str:
+    """A :class:`~lance_prefetch.PrefetchLoader`'s ``repr``: its options as resolved (storage
+    options with secret values hidden; ``shuffle``, ``filter`` and ``split`` when set)."""
+    config = loader.config
+    return (
+        f"PrefetchLoader({loader.uri!r}, batch_size={loader.batch_size}, "
+        f"columns={list(loader.columns)}, version={loader.version}, num_rows={loader.num_rows}, "
+        f"seed={loader.seed}, epoch={loader.epoch}, readahead={loader.readahead!r}, "
+        f"max_in_flight={loader.max_in_flight!r}, coalesce={loader.coalesce}, "
+        f"cache={loader.cache!r}, drop_last={loader.drop_last}, "
+        + ("shuffle=False, " if not loader.shuffle else "")
+        + ("" if config.filter is None else f"filter={config.filter!r}, ")
+        + ("" if config.split is None else f"split={config.split!r}, ")
+        + f"rank={loader.rank}, "
+        f"world_size={loader.world_size}, retry={loader.retry!r}, io={loader.io!r}, "
+        f"storage_options={loader._source.options_repr()})"
+    )

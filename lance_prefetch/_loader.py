@@ -16,27 +16,29 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._audit import EpochAudit, choose_exchange, open_audit
-from ._cache import with_cache
 from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, LoaderConfig
 from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
-from ._facade import SourceFacade
+from ._facade import SourceFacade, loader_repr
 from ._frameworks import reads_every_rank
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
 from ._ranks import Ranks
 from ._shutdown import close_all
-from ._source import LanceSource
+from ._subset import open_source, subset_of
 from ._telemetry import LoaderStats, Telemetry
 from ._validate import check_bool, check_int
-from .convert import check_schema, fixed_row_bytes
+from .convert import fixed_row_bytes
 from .retry import RetryPolicy
 from .sampling import EpochPlan
 from .state import check_state, make_state
 
 if TYPE_CHECKING:
     import lance
+    import numpy as np
     import torch
+
+    from .splits import Split
 
 __all__ = ["PrefetchLoader"]
 
@@ -113,6 +115,10 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             :attr:`audit_report`). An epoch cut short is not audited. Default: ``False``.
         audit_dir (str | os.PathLike, optional): a folder all ranks and workers can write, where
             their records meet (with workers, or ranks without a process group). Default: ``None``.
+        filter (str, optional): a Lance SQL predicate, as ``scanner(filter=...)`` takes: epochs
+            permute only the matching rows (``docs/subsets.md``). Default: ``None``, every row.
+        split (Split, optional): one part of a seeded split of the (matching) rows
+            (:class:`~lance_prefetch.Split`). Default: ``None``.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).
@@ -120,7 +126,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     Raises:
         TypeError, ValueError: a wrong argument (named, with the fix), before any I/O; a column
             without tensor form; a missing column or version; no rows, or fewer than
-            ``batch_size * world_size`` with ``drop_last=True``; more than ``cache_bytes``.
+            ``batch_size * world_size`` with ``drop_last=True``; more than ``cache_bytes``; a
+            ``filter`` Lance refuses (its message quoted) or that matches nothing; an empty
+            ``split`` part.
         FileNotFoundError, PermissionError, ConnectionError: no dataset or bucket, refused
             credentials, an endpoint that does not answer.
 
@@ -158,6 +166,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         device: str | int | torch.device | None = None,
         audit: bool = False,
         audit_dir: str | os.PathLike[str] | None = None,
+        filter: str | None = None,
+        split: Split | None = None,
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch._config.LoaderConfig`).
@@ -168,7 +178,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             storage_options=storage_options, version=version, transform=transform, retry=retry,
             permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
             cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
-            pin_memory=pin_memory, device=device, audit=audit, audit_dir=audit_dir,
+            pin_memory=pin_memory, device=device, audit=audit, audit_dir=audit_dir, filter=filter,
+            split=split,
         )  # fmt: skip
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
@@ -178,15 +189,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
         self._every_rank = False  # a DataLoader worker of Accelerate's dispatcher reads all
         self._iterators: weakref.WeakSet[LazyIteration] = weakref.WeakSet()
-        lance_source = LanceSource(source, config.source_options)
-        check_schema(lance_source.schema)
-        self._source = with_cache(lance_source, config.cache, cache_bytes=config.cache_bytes,
-                                  cache_dir=config.cache_dir)  # fmt: skip
-        if self.num_rows == 0:
-            raise ValueError(
-                f"source: the dataset {self.uri!r} has no rows at version {self.version}; write "
-                f"data first or pick another version"
-            )
+        self._source = open_source(source, config)  # pinned, cached, mapped to filter/split
         resolved = config.resolve(row_bytes=fixed_row_bytes(self._source.schema),
                                   num_rows=self.num_rows)  # fmt: skip
         #: Batches read by one ``take`` (``coalesce`` resolved).
@@ -224,8 +227,18 @@ class PrefetchLoader(SourceFacade, IterableDataset):
 
     @property
     def num_rows(self) -> int:
-        """Live rows in the pinned version (the ``N`` that every epoch permutes)."""
+        """The rows every epoch permutes (``N``): the pinned version's live rows, or those the
+        ``filter`` matches and the ``split`` part holds."""
         return self._source.num_rows
+
+    @property
+    def row_offsets(self) -> np.ndarray | None:
+        """With ``filter`` or ``split``: the pinned version's row offsets the loader reads
+        (ascending, the smallest unsigned dtype for the version's rows); position ``p`` of
+        :meth:`epoch_plan` is row offset ``row_offsets[p]``. ``None``: every row (position =
+        offset)."""
+        subset = subset_of(self._source)
+        return None if subset is None else subset.offsets
 
     @property
     def epoch(self) -> int:
@@ -326,9 +339,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
 
     def _identity(self) -> dict[str, Any]:
         """What a state must match to load (:data:`lance_prefetch.state.MATCHED`)."""
+        split = self.config.split
         return {"uri": self.uri, "version": self.version, "num_rows": self.num_rows,
                 "seed": self.seed, "batch_size": self.batch_size, "drop_last": self.drop_last,
-                "permutation": self.permutation}  # fmt: skip
+                "permutation": self.permutation, "filter": self.config.filter,
+                "split": None if split is None else split.to_state()}  # fmt: skip
 
     def __iter__(self) -> Iterator[Any]:
         """An iteration of this rank's (and DataLoader worker's) batches. Its first ``next()`` (in
@@ -351,12 +366,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             CoverageError: from the epoch's last ``next()``: the coverage audit failed.
         """
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
-        if get_worker_info() is not None and self.config.placement.active:
-            raise ValueError(
-                "pin_memory and device apply where batches reach the training loop, not in "
-                "DataLoader workers: pass DataLoader(..., pin_memory=True) and move batches in the "
-                "loop, or leave num_workers=0"
-            )
+        self.config.placement.check_worker(get_worker_info())  # none in DataLoader workers
         self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
         worker = get_worker_info()
         ident = self._control.identify(worker)  # at iter(): the workers' counts stay in step
@@ -437,14 +447,4 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._counter = self._telemetry = self._audit = None  # this process's own
 
     def __repr__(self) -> str:
-        return (
-            f"PrefetchLoader({self.uri!r}, batch_size={self.batch_size}, "
-            f"columns={list(self.columns)}, version={self.version}, num_rows={self.num_rows}, "
-            f"seed={self.seed}, epoch={self.epoch}, readahead={self.readahead!r}, "
-            f"max_in_flight={self.max_in_flight!r}, coalesce={self.coalesce}, "
-            f"cache={self.cache!r}, drop_last={self.drop_last}, "
-            + ("shuffle=False, " if not self.shuffle else "")
-            + f"rank={self.rank}, "
-            f"world_size={self.world_size}, retry={self.retry!r}, io={self.io!r}, "
-            f"storage_options={self._source.options_repr()})"
-        )
+        return loader_repr(self)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn, Protocol
 
 import lance
@@ -192,6 +192,8 @@ class LanceSource:
         self._projection = Projection(dataset.schema, columns, where=where)
         self.columns: tuple[str, ...] = self._projection.columns
         self.schema: pa.Schema = self._projection.schema
+        #: The pinned version's whole schema (for checks of options naming other columns).
+        self.dataset_schema: pa.Schema = dataset.schema
         self.num_rows: int = dataset.count_rows()
         #: When the pinned version was committed (ISO 8601, from its manifest; ``""`` if Lance
         #: does not say): with the URI and version, it names the version's rows for caches.
@@ -272,13 +274,18 @@ class LanceSource:
         """The storage options with secret values hidden (:func:`redact`)."""
         return redact(self._storage_options)
 
-    def scan(self, *, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+    def scan(
+        self, *, batch_rows: int = 8192, projection: Mapping[str, str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
         """Every live row of the pinned version once, in offset order (row ``i`` of the
         concatenation is the row ``take([i])`` reads), projected to :attr:`columns`: a sequential
         scan, a few large reads per file (on object stores far fewer requests than ``take``).
 
         Args:
             batch_rows (int, optional): rows per record batch. Default: ``8192``.
+            projection (Mapping[str, str], optional): instead of :attr:`columns`, Lance SQL
+                expressions by output name (Lance reads only the columns they name). Default:
+                ``None``.
 
         Raises:
             ShortReadError: the scan returned another number of rows than :attr:`num_rows`.
@@ -286,12 +293,14 @@ class LanceSource:
                 file of the pinned version is gone (as for :meth:`take`).
             Exception: Lance's own error from the read (without secret values).
         """
-        dataset = self._opened()
+        dataset, own = self._opened(), projection is None
+        blobs = own and bool(self._projection.blobs)  # read as bytes, not descriptors
         try:
             with native_call():
+                columns = self._projection.scan_columns if own else dict(projection)
                 reader = dataset.scanner(
-                    columns=self._projection.scan_columns, batch_size=batch_rows,
-                    scan_in_order=True, blob_handling="all_binary" if self._projection.blobs else None,
+                    columns=columns, batch_size=batch_rows, scan_in_order=True,
+                    blob_handling="all_binary" if blobs else None,
                 ).to_reader()  # fmt: skip
             rows = 0
             while True:
@@ -301,7 +310,10 @@ class LanceSource:
                     except StopIteration:
                         break
                 rows += batch.num_rows
-                yield from self._projection.assemble(batch, {}).to_batches()
+                if own:  # one flat column per name, as take returns them
+                    yield from self._projection.assemble(batch, {}).to_batches()
+                else:
+                    yield batch
         except Exception as exc:
             self._reraise_read_error(exc)
         if rows != self.num_rows:

@@ -10,6 +10,7 @@ inner code trusts what they let through.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,10 +21,13 @@ __all__ = [
     "check_callable",
     "check_choice",
     "check_depths",
+    "check_filter",
     "check_folder",
     "check_int",
     "check_int_or_auto",
+    "check_key",
     "check_names",
+    "check_number",
     "check_rank",
     "check_seconds",
     "check_str_mapping",
@@ -182,6 +186,25 @@ def check_depths(readahead: Any, max_in_flight: Any) -> tuple[int, int]:
     return readahead, max_in_flight
 
 
+def check_filter(value: Any) -> str | None:
+    """``filter``: ``None``, or a non-empty string (Lance parses it at construction).
+
+    Raises:
+        TypeError: not a string (nor ``None``).
+        ValueError: an empty or blank string.
+    """
+    if value is None:
+        return None
+    example = (
+        'a Lance SQL predicate such as "label = 3" (as LanceDataset.scanner(filter=...) takes)'
+    )
+    if not isinstance(value, str):
+        raise TypeError(f"filter should be {example}, or None, but got filter={value!r}")
+    if not value.strip():
+        raise ValueError(f"filter should be {example}, or None for every row, but got {value!r}")
+    return value
+
+
 def check_names(name: str, value: Iterable[str] | None) -> tuple[str, ...] | None:
     """``value`` as a non-empty tuple of distinct strings (column names), or ``None``.
 
@@ -275,6 +298,38 @@ def check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
             f"for world_size={world_size}"
         )
     return rank, world_size
+
+
+def check_key(name: str, value: Any, *, none: bool = False) -> str | None:
+    """``value`` as a non-empty string (a batch key, a column name), or ``None`` when ``none``.
+
+    Raises:
+        TypeError: not a string (nor ``None`` when allowed).
+        ValueError: the empty string.
+    """
+    if value is None and none:
+        return None
+    if not isinstance(value, str):
+        allowed = "a string or None" if none else "a string"
+        raise TypeError(f"{name} should be {allowed}, but got {name}={value!r}")
+    if not value:
+        raise ValueError(f"{name} should be a non-empty string, but got {name}=''")
+    return value
+
+
+def check_number(name: str, value: Any) -> int | float:
+    """``value`` as an ``int`` or ``float`` if it is a finite real number (numpy scalars included),
+    not a bool.
+
+    Raises:
+        TypeError: a bool, or not a real number.
+        ValueError: NaN or infinite.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} should be a number, but got {name}={value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} should be a finite number, but got {name}={value!r}")
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _is_index(value: Any) -> bool:

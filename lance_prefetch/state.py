@@ -14,6 +14,13 @@ same fields and ``"permutation": "lazy"``, so that versions before the lazy kind
 rather than resume it in another order. An ``"array"`` loader still saves format 1, as before (the
 kind is then ``"array"``, the only one format 1 knew); both formats load.
 
+A loader that reads part of the dataset (``filter=`` or ``split=``) saves format 3: format 2's
+fields and ``"filter"`` (the predicate, or ``None``) and ``"split"`` (the
+:meth:`~lance_prefetch.splits.Split.to_state` dict, or ``None``); its ``num_rows`` and
+``position`` count the selected rows. A state loads only into a loader with the same filter and
+split (the refusal names them), and versions before format 3 refuse it rather than resume it
+over the whole dataset. Formats 1 and 2 stand for ``filter=None, split=None``.
+
 A state saved inside a DataLoader worker process (torchdata's ``StatefulDataLoader`` asks each
 worker for its dataset's state) also has ``"worker": {"id": w, "num_workers": K, "start": S}``: it
 describes that worker's share only (its ``position`` is after the last batch *it* delivered, of an
@@ -36,9 +43,11 @@ __all__ = [
     "state_from_dataloader",
 ]
 
-#: The newest state layout, stored as ``"format_version"``: 2 adds ``"permutation"`` (see above).
-FORMAT_VERSION = 2
-_FORMATS = (1, 2)
+#: The newest state layout, stored as ``"format_version"``: 2 adds ``"permutation"``, 3
+#: ``"filter"`` and ``"split"`` (see above).
+FORMAT_VERSION = 3
+_FORMATS = (1, 2, 3)
+_PART_OF = ("filter", "split")  # format 3's fields
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "format_version": int,
@@ -53,7 +62,10 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "position": int,
 }
 #: Fields that must equal the loader's own for a state to load (``version`` can be allowed to differ).
-MATCHED = ("uri", "version", "num_rows", "seed", "batch_size", "drop_last", "permutation")
+MATCHED = (
+    "uri", "version", "filter", "split", "num_rows", "seed", "batch_size", "drop_last",
+    "permutation",
+)  # fmt: skip
 _PERMUTATIONS = ("array", "lazy", "identity")
 
 
@@ -70,11 +82,15 @@ def make_state(
     position: int,
     worker: Mapping[str, int] | None = None,
     permutation: str = "array",
+    filter: str | None = None,
+    split: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A state dict in the layout above (``worker`` only for a DataLoader worker's share; format 2
-    with ``"permutation"`` only for a ``"lazy"`` one)."""
+    with ``"permutation"`` only for a ``"lazy"`` one; format 3 with ``"filter"`` and ``"split"``
+    only for part of a dataset)."""
+    part = filter is not None or split is not None
     state: dict[str, Any] = {
-        "format_version": 1 if permutation == "array" else FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if part else 1 if permutation == "array" else 2,
         "uri": uri,
         "version": version,
         "num_rows": num_rows,
@@ -85,8 +101,10 @@ def make_state(
         "epoch": epoch,
         "position": position,
     }
-    if permutation != "array":
+    if permutation != "array" or part:
         state["permutation"] = permutation
+    if part:
+        state["filter"], state["split"] = filter, None if split is None else dict(split)
     if worker is not None:
         state["worker"] = dict(worker)
     return state
@@ -108,8 +126,8 @@ def check_state(
     Raises:
         TypeError: ``state`` is not a mapping, or a field has the wrong type.
         ValueError: a field is missing or out of range, the layout version is unknown, or the state
-            belongs to another dataset, version, seed, batch size, ``drop_last`` or permutation
-            kind (the message names each mismatch with both values).
+            belongs to another dataset, version, filter, split, seed, batch size, ``drop_last``
+            or permutation kind (the message names each mismatch with both values).
     """
     if not isinstance(state, Mapping):
         raise TypeError(
@@ -132,9 +150,19 @@ def check_state(
             f"state['format_version'] is {state['format_version']}, but this version of "
             f"lance-prefetch reads formats {', '.join(map(str, _FORMATS))}"
         )
-    if state["format_version"] == 2 and "permutation" not in state:
-        raise ValueError("state['format_version'] is 2, but state['permutation'] is missing")
-    saved = {"permutation": "array", **state}  # format 1 knew only "array"
+    needed = {2: ("permutation",), 3: ("permutation", *_PART_OF)}.get(state["format_version"], ())
+    for key in needed:
+        if key not in state:
+            raise ValueError(
+                f"state['format_version'] is {state['format_version']}, but state[{key!r}] is "
+                f"missing"
+            )
+    if state.get("filter") is not None and not isinstance(state["filter"], str):
+        raise TypeError(f"state['filter'] should be str or None, but got {state['filter']!r}")
+    if state.get("split") is not None and not isinstance(state["split"], Mapping):
+        raise TypeError(f"state['split'] should be a dict or None, but got {state['split']!r}")
+    # format 1 knew only "array"; formats 1 and 2 read whole datasets
+    saved = {"permutation": "array", "filter": None, "split": None, **state}
     if saved["permutation"] not in _PERMUTATIONS:
         raise ValueError(
             f"state['permutation'] should be one of {', '.join(map(repr, _PERMUTATIONS))}, but "
@@ -156,6 +184,8 @@ def check_state(
             if mismatches == ["version"]
             else f" (PrefetchLoader(..., permutation={saved['permutation']!r}))"
             if mismatches == ["permutation"]
+            else " (the same filter and split: the state's positions count their rows)"
+            if set(mismatches) & set(_PART_OF)
             else ""
         )
         raise ValueError(

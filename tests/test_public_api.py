@@ -12,13 +12,14 @@ import lance_prefetch
 
 PACKAGE = pathlib.Path(lance_prefetch.__file__).parent
 #: The modules users read as rule books; everything else is private machinery.
-PUBLIC = ["convert", "lightning", "permutation", "retry", "sampling", "state"]
+PUBLIC = ["convert", "lightning", "permutation", "retry", "sampling", "splits", "state", "tokens"]
 PRIVATE = [
     "_audit", "_bitset", "_blocking", "_budget", "_cache", "_cache_files", "_cli", "_coalesce",
     "_config", "_coverage", "_demo", "_device",
     "_epochs", "_errors", "_exit_guard", "_facade", "_frameworks", "_interrupts", "_iteration", "_loader", "_mapstyle",
-    "_periods", "_positions", "_prefetcher", "_projection", "_ranks", "_shutdown", "_slots", "_source",
-    "_storage", "_telemetry", "_tuning", "_uris", "_validate", "_versions", "_bench", "_bench.config",
+    "_periods", "_positions", "_prefetcher", "_projection", "_ranks", "_sequences", "_shutdown", "_slots",
+    "_source", "_subset", "_storage", "_telemetry", "_tuning", "_uris", "_validate", "_versions", "_bench",
+    "_bench.config",
     "_bench.contenders", "_bench.data", "_bench.latency_proxy", "_bench.local_s3",
     "_bench.report", "_bench.run", "_bench.verdicts", "_bench._map_contenders", "_bench._spec",
 ]  # fmt: skip
@@ -33,6 +34,7 @@ def test_top_level_exports():
         "LoaderStats",
         "PrefetchLoader",
         "RetryPolicy",
+        "Split",
         "__version__",
         "collate",
         "state_from_dataloader",
