@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install clean nginx
+.PHONY: demo test test-system install clean nginx
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,13 @@ install: $(STAMP) nginx
 demo: $(STAMP)
 	$(PY) -m lance_prefetch demo
 
+# `make test`: every test but the `system` ones (a few minutes); `make test-system`: those
+# (process-level scenarios, a few minutes more). CI (.ci/run) runs both.
 test: $(STAMP) nginx
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not system"
+
+test-system: $(STAMP) nginx
+	$(PY) -m pytest -m system
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache *.egg-info

@@ -266,6 +266,7 @@ def test_misconfigurations_name_audit_dir_before_an_epoch_is_used(ids_1003, tmp_
     assert broken.audit_report is None and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.system
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_dataloader_workers_through_audit_dir(ids_1003, tmp_path):

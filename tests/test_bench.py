@@ -303,6 +303,7 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
 
 
 # -- whole runs ------------------------------------------------------------------------------------
+@pytest.mark.system
 @pytest.mark.slow
 def test_every_contender_reads_the_same_rows(tmp_path):
     """Acceptance 3: on a local dataset, every contender (the optional ones behind
@@ -346,6 +347,7 @@ def test_every_contender_reads_the_same_rows(tmp_path):
     assert "**Comparisons:**" in paths["markdown"].read_text()
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, need_nginx):
     """Acceptance 2, small: the command prints the table, writes JSON + Markdown + PNG with the
@@ -395,6 +397,7 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
     assert shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_ctrl_c_stops_everything(tmp_path, need_nginx):
     """Ctrl-C while a contender runs: exit code 130, "interrupted" on stderr and no traceback,

@@ -12,6 +12,7 @@ from lance_prefetch import _cli as cli
 from lance_prefetch import _demo as demo
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_demo_learns_and_reports_throughput(tmp_path):
     """Acceptance 9: the demo's held-out accuracy is far above chance (10%) after 3 epochs, and

@@ -256,6 +256,7 @@ class WaitForFlag:
         return batch
 
 
+@pytest.mark.system
 @pytest.mark.slow
 @pytest.mark.parametrize("make_loader", ["coalesced", "disk"], indirect=True)  # see READ_MODES
 def test_a_writer_process_mid_epoch_through_spawn_workers(make_loader, fresh_ids, tmp_path):

@@ -54,6 +54,7 @@ def test_drop_last_false_single_process(make_loader, ids_1003):
     assert sorted(i for b in batches for i in b) == list(range(1003))
 
 
+@pytest.mark.system
 @pytest.mark.slow
 @pytest.mark.parametrize("make_loader", ["coalesced"], indirect=True)  # see READ_MODES
 def test_num_workers_give_the_same_sequence(make_loader, ids_1003):
@@ -79,6 +80,14 @@ DROP_LAST_IN = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "make_loader",
+    [
+        "coalesced",
+        *(pytest.param(m, marks=pytest.mark.system) for m in ("per-take", "memory", "disk")),
+    ],
+    indirect=True,
+)  # see READ_MODES
 def test_ranks_times_workers(make_loader, ids_1003):
     """Acceptance 1: 2 ranks x 3 spawn workers; coverage for drop_last False, no repeats for True."""
     for drop_last in DROP_LAST_IN[make_loader.mode]:
@@ -434,6 +443,7 @@ def test_half_of_the_rank_environment_is_known_only_where_the_loader_is_used(
     assert collect(loader) == expected_rank_ids(loader, rank=1)
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_the_sequential_mode_reads_every_row_once_across_ranks_and_workers(ids_1003):
     """shuffle=False (drop_last then defaults to False): 3 ranks x 2 workers over 1,003 rows in

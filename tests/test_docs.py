@@ -30,8 +30,14 @@ def test_excerpts_are_lines_of_their_example(path, code):
     assert missing == [], f"lines of docs/frameworks.md not in {path}"
 
 
+def _snippets():
+    """The runnable snippets; the StatefulDataLoader one starts DataLoader workers (system)."""
+    stateful, *rest = blocks("run")
+    return [pytest.param(*stateful, marks=pytest.mark.system), *rest]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path, code", blocks("run"), ids=["stateful", "datasets", "device"])
+@pytest.mark.parametrize("path, code", _snippets(), ids=["stateful", "datasets", "device"])
 def test_snippets_run(path, code):
     """Each runs as a script would (its own globals; warnings shown, not errors), here, where
     torch and Lance are imported already; its asserts are the test."""

@@ -578,6 +578,7 @@ def test_a_failing_transform_surfaces_from_next_with_its_batch(ids_25):
         map_dataset.__getitems__([3, 7])
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_a_failing_transform_in_spawn_workers_names_its_position(ids_25):
     """Two spawn workers; the batch holding row 7 fails in its worker: the batches before it

@@ -27,6 +27,7 @@ def pointcloud_knn(tmp_path_factory):
         sys.path.remove(str(EXAMPLES))
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_neighbour_lists_equal_brute_force(pointcloud_knn, tmp_path):
     """KNearest, run in a spawn worker on batches from LanceMapDataset, equals a brute-force
@@ -48,6 +49,7 @@ def test_neighbour_lists_equal_brute_force(pointcloud_knn, tmp_path):
         assert torch.equal(batch["neighbors"], brute)
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_example_runs_on_a_tiny_size(tmp_path):
     done = subprocess.run(

@@ -198,6 +198,7 @@ def test_an_s3_endpoint_stopped_mid_epoch_fails_within_the_retry_budget():
     assert not loop_threads() and wait_until(lambda: not reader_threads())
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_s3_answering_503_slow_down_for_a_while_loses_nothing(s3, s3_ids_503, faults):
     """The store answers every data read "503 Slow Down" for 5 s. Lance retries each read itself

@@ -54,6 +54,7 @@ def records(stdout: str, prefix: str) -> list[dict]:
     ]
 
 
+@pytest.mark.system
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_loader_used_before_fork_refuses_in_the_child_and_the_parent_carries_on(ids_1003):
@@ -129,6 +130,7 @@ def check_one_loop_per_worker(batches: list[dict], num_workers: int) -> list[int
     return pids
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_each_persistent_spawn_worker_runs_its_own_loop_thread_and_restarts_after_break(ids_1003):
     """Two persistent spawn workers: epoch 0 whole, epoch 1 broken off after 3 batches, then
@@ -160,6 +162,7 @@ def test_each_persistent_spawn_worker_runs_its_own_loop_thread_and_restarts_afte
     assert set(main_loops) == {0} and not loop_threads()
 
 
+@pytest.mark.system
 @pytest.mark.slow
 @stops_workers_mid_epoch
 @pytest.mark.parametrize("make_loader", ["memory"], indirect=True)  # see READ_MODES

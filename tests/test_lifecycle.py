@@ -147,7 +147,11 @@ def run_script(tmp_path, uri: str, mode: str) -> subprocess.CompletedProcess[str
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,expected_code", [("break", 0), ("with", 0), ("raise", 1)])
+@pytest.mark.parametrize(
+    "mode,expected_code",
+    [("break", 0), pytest.param("with", 0, marks=pytest.mark.system),
+     pytest.param("raise", 1, marks=pytest.mark.system)],
+)  # fmt: skip
 def test_script_exits_cleanly(tmp_path, wide_dataset, mode, expected_code):
     """The exit code is the script's own, with no abort and no thread left."""
     result = run_script(tmp_path, wide_dataset, mode)
@@ -160,6 +164,7 @@ def test_script_exits_cleanly(tmp_path, wide_dataset, mode, expected_code):
         assert "loop threads left: []" in result.stdout
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_ctrl_c_during_a_training_step_exits_promptly(tmp_path, wide_dataset):
     script = tmp_path / "train.py"
@@ -225,6 +230,7 @@ def run_at_once(
     return processes
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_close_then_garbage_collection_exit_cleanly(tmp_path, wide_dataset):
     """After one batch, ``loader.close()`` with the iterator still referenced, then a new iterator
@@ -320,6 +326,7 @@ def run_stuck_cases(uri: str, timeout: float) -> dict[str, dict]:
             process.kill()
 
 
+@pytest.mark.system
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_stuck_take_never_holds_up_shutdown(ids_1003):
@@ -408,6 +415,7 @@ GUARD_WARNING = (
 ABORT_SIGNS = ("terminate called", "Fatal Python error", "FATAL: exception not rethrown")
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_a_read_still_in_lance_at_exit_does_not_abort_it(tmp_path, wide_dataset):
     """The first attempt at batch 2's take keeps Lance busy for 60 s (real takes, one after the
@@ -435,6 +443,7 @@ def test_a_read_still_in_lance_at_exit_does_not_abort_it(tmp_path, wide_dataset)
     assert elapsed < 45, "the exit waited for the read"
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_a_second_ctrl_c_during_the_exit_wait_ends_the_process_by_sigint(tmp_path, wide_dataset):
     """As above, Ctrl-C in the training step while a read is in Lance, then Ctrl-C again during

@@ -128,6 +128,7 @@ def run_ranks(uri, num_workers):
     return streams
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_distributed_sampler_with_spawn_workers(ids_1003):
     """Acceptance 2: the two ranks cover every id; spawn workers give the num_workers=0 result."""
@@ -137,6 +138,7 @@ def test_distributed_sampler_with_spawn_workers(ids_1003):
     assert run_ranks(ids_1003, 2) == reference
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_transform_runs_in_the_worker(ids_1003):
     """transform sees the whole batch in the worker process and its result is what the loop gets."""

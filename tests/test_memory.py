@@ -201,6 +201,7 @@ def soak_script():
         sys.path.remove(str(BENCHMARKS))
 
 
+@pytest.mark.system
 def test_rss_stops_growing_after_warm_up_over_10000_takes(soak_script, tmp_path):
     """10,000 takes of 16 small rows (readahead 8, max_in_flight 4) over 80 epochs of a
     2,000-row dataset (a new iterator, event loop and worker threads each), RSS every 250 takes:
@@ -226,6 +227,7 @@ def test_rss_stops_growing_after_warm_up_over_10000_takes(soak_script, tmp_path)
     )
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_soak_script_runs_on_a_tiny_size(tmp_path):
     plot = tmp_path / "soak.png"

@@ -88,7 +88,9 @@ def run_in_new_process(uri, state, rank, world_size, epochs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make_loader", ["coalesced", "disk"], indirect=True)  # see READ_MODES
+@pytest.mark.parametrize(
+    "make_loader", ["coalesced", pytest.param("disk", marks=pytest.mark.system)], indirect=True
+)  # see READ_MODES
 def test_two_ranks_stop_mid_epoch_and_resume_in_a_new_process(make_loader, ids_1003):
     """Acceptance 3: stop at epoch 1 batch 17 on 2 ranks, save, resume in a new process: the rest
     of epoch 1 and all of epoch 2 equal the uninterrupted run, batch for batch."""
@@ -157,6 +159,7 @@ def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(
     assert collect(loader) == expected[100:]
 
 
+@pytest.mark.system
 @stops_workers_mid_epoch
 @pytest.mark.slow
 @pytest.mark.parametrize("make_loader", ["coalesced"], indirect=True)  # see READ_MODES
@@ -192,7 +195,9 @@ def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(make_loa
 
 @stops_workers_mid_epoch
 @pytest.mark.slow
-@pytest.mark.parametrize("make_loader", ["coalesced", "per-take"], indirect=True)  # see READ_MODES
+@pytest.mark.parametrize(
+    "make_loader", [pytest.param("coalesced", marks=pytest.mark.system), "per-take"], indirect=True
+)  # see READ_MODES
 def test_stateful_dataloader_resumes_its_workers_in_place(make_loader, ids_1003):
     """StatefulDataLoader's own save/load with the same num_workers continues batch for batch."""
     expected = uninterrupted(ids_1003, 0)
@@ -215,6 +220,7 @@ def test_stateful_dataloader_resumes_its_workers_in_place(make_loader, ids_1003)
     assert head + batch_ids(restored) == expected
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_set_epoch_reaches_persistent_workers(ids_1003):
     """Acceptance 2: 3 persistent workers, 3 epochs with set_epoch: the orders differ per epoch and
@@ -237,6 +243,7 @@ def test_set_epoch_reaches_persistent_workers(ids_1003):
     assert loader.epoch == 3  # the workers' choice is visible in the main process
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_without_set_epoch_each_dataloader_iteration_reads_the_next_epoch(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=5)
@@ -386,6 +393,7 @@ def test_stateful_dataloader_without_workers(make_loader, ids_1003, permutation_
     assert head + batch_ids(restored) == expected
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_a_late_persistent_worker_joins_its_own_iteration(ids_1003):
     """Peek one batch (a common idiom), then epochs 0 and 1 with persistent workers, one of which
@@ -401,6 +409,7 @@ def test_a_late_persistent_worker_joins_its_own_iteration(ids_1003):
         assert batch_ids(dataloader) == uninterrupted(ids_1003, epoch), epoch
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_new_dataloaders_with_the_same_seeded_generator_never_share_an_iteration(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
@@ -481,6 +490,7 @@ class BigTransform:
         return batch
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_workers_with_large_pickles_share_one_iteration(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], transform=BigTransform())

@@ -73,6 +73,7 @@ def no_aws_environment(batch):
     return batch
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_spawn_workers_read_with_credentials_only_in_storage_options(s3, s3_ids_503, monkeypatch):
     """The credentials travel with the pickled loader: two spawn workers, no AWS_* variable in
@@ -185,6 +186,7 @@ def test_repr_and_pickle_keep_s3_secrets_hidden(s3, s3_ids_503):
         assert f"'aws_endpoint': '{s3.endpoint}'" in text and "'aws_region': 'us-east-1'" in text
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_a_read_failing_in_a_worker_holds_no_secret(s3, fresh_s3_ids):
     """A worker whose take fails (the data objects are gone) re-raises a BatchLoadError naming the
