@@ -31,7 +31,7 @@ from ._config import LoaderConfig
 from ._mixture import dataset_seed, epoch_length, mixture_counts
 from ._source import RowSource
 from ._subset import open_source
-from .permutation import make_permutation
+from .permutation import Permutation, make_permutation
 
 __all__ = ["ConcatSource", "MixtureSource", "epoch_view", "open_sources"]
 
@@ -154,16 +154,24 @@ class MixtureSource(ConcatSource):
         """Refused (``RuntimeError``): read through :meth:`for_epoch`."""
         raise RuntimeError("a mixture's rows depend on the epoch: read through for_epoch(epoch)")
 
-    def rows_of(self, epoch: int, indices: np.ndarray) -> np.ndarray:
-        """The concatenation's positions that mixture positions ``indices`` read in ``epoch``."""
+    def samples(self, epoch: int) -> list[Permutation]:
+        """Each dataset's permutation in ``epoch``, whose first ``counts[i]`` rows it gives
+        (an ``"array"`` one is materialised on first use, once per epoch and process)."""
+        return [
+            make_permutation("auto", size, dataset_seed(self.seed, i), epoch)
+            for i, size in enumerate(self.sizes)
+        ]
+
+    def rows_of(self, samples: Sequence[Permutation], indices: np.ndarray) -> np.ndarray:
+        """The concatenation's positions that mixture positions ``indices`` read, with the
+        epoch's ``samples`` (:meth:`samples`)."""
         self.check_offsets(indices)
         indices = np.asarray(indices, dtype=np.int64)
         which = np.searchsorted(self.blocks, indices, side="right") - 1
         rows = np.empty_like(indices)
         for i in np.unique(which):
             mask = which == i
-            permutation = make_permutation("auto", self.sizes[i], dataset_seed(self.seed, i), epoch)
-            rows[mask] = self.starts[i] + permutation.take(indices[mask] - self.blocks[i])
+            rows[mask] = self.starts[i] + samples[i].take(indices[mask] - self.blocks[i])
         return rows
 
 
@@ -173,13 +181,14 @@ class _EpochMixture:
 
     def __init__(self, mixture: MixtureSource, epoch: int) -> None:
         self.mixture, self.epoch = mixture, epoch
+        self._samples = mixture.samples(epoch)  # one per dataset, for the whole iteration
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.mixture, name)
 
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows of the epoch's positions ``indices``, in that order."""
-        return self.mixture.read(self.mixture.rows_of(self.epoch, indices))
+        return self.mixture.read(self.mixture.rows_of(self._samples, indices))
 
 
 def epoch_view(source: RowSource, epoch: int) -> RowSource:

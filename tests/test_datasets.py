@@ -21,8 +21,9 @@ from support.contracts import check_resume
 from support.fakes import ids_table
 from support.helpers import WORKERS, batch_ids, collect
 
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import PrefetchLoader, _multi
 from lance_prefetch._mixture import epoch_length, mixture_counts
+from lance_prefetch.permutation import make_permutation
 
 LOCAL, LOCAL_ROWS, S3_ROWS = 10_000, 130, 70  # 200 rows: 20 batches of 10, 10 a rank of 2
 
@@ -222,7 +223,11 @@ def mixed(tmp_path):
     ]
 
 
-def test_a_mixture_reads_exact_proportions_each_epoch_without_repeats(mixed):
+def test_a_mixture_reads_exact_proportions_each_epoch_without_repeats(mixed, monkeypatch):
+    built = []
+    monkeypatch.setattr(
+        _multi, "make_permutation", lambda *a: built.append(a) or make_permutation(*a)
+    )
     samples = []
     for epoch in (0, 1):
         seen = []
@@ -238,6 +243,9 @@ def test_a_mixture_reads_exact_proportions_each_epoch_without_repeats(mixed):
         assert len(small) == 30 and set(small) <= set(range(60))
         samples.append(small)
     assert samples[0] != samples[1]  # another 30 of the 60 each epoch
+    assert [(kind, size, epoch) for kind, size, _, epoch in built] == [
+        ("auto", size, epoch) for epoch in (0, 1) for _rank in (0, 1) for size in (70, 60)
+    ]  # each dataset's sample built once an iteration, not once a take
     state = loader.state_dict()
     assert state["weights"] == [0.7, 0.3] and [d["num_rows"] for d in state["datasets"]] == [70, 60]
 
