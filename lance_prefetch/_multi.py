@@ -53,12 +53,19 @@ class ConcatSource:
     def __init__(self, sources: Sequence[RowSource]) -> None:
         self.sources = tuple(sources)
         self.starts = np.cumsum([0] + [s.num_rows for s in self.sources], dtype=np.int64)
+        first = self.sources[0].schema
+        #: The first dataset's projected schema, each field nullable if it is in any dataset
+        #: (every table read is cast to it: a non-nullable column of one dataset and a nullable
+        #: one of another read together).
+        self.schema: pa.Schema = pa.schema(
+            [field.with_nullable(any(s.schema.field(field.name).nullable for s in self.sources))
+             for field in first], metadata=first.metadata,
+        )  # fmt: skip
 
     uri = property(lambda self: " + ".join(s.uri for s in self.sources), doc="The URIs.")
     version = property(lambda self: tuple(s.version for s in self.sources), doc="Versions.")
     num_rows = property(lambda self: int(self.starts[-1]), doc="Rows of all datasets.")
     columns = property(lambda self: self.sources[0].columns, doc="The projection.")
-    schema = property(lambda self: self.sources[0].schema, doc="The first dataset's schema.")
     io = property(lambda self: self.sources[0].io, doc="The first dataset's reader.")
 
     @property

@@ -149,6 +149,12 @@ def test_a_column_of_another_type_is_refused_naming_dataset_column_and_both_type
         f"cast it (e.g. with LanceDataset.alter_columns), or leave it out of columns"
     )
     assert PrefetchLoader([first, second], 4, columns=["id", "vector"]).num_rows == 40
+    strict = pa.schema([pa.field("x", pa.float64(), nullable=False)])
+    lance.write_dataset(pa.table({"x": [7.0, 8.0]}, schema=strict), tmp_path / "strict")
+    lance.write_dataset(pa.table({"x": [9.0, None]}), tmp_path / "nulls")
+    loader = PrefetchLoader([str(tmp_path / "strict"), str(tmp_path / "nulls")], 4, shuffle=False)
+    (batch,) = list(loader)  # nullability aside: the union is nullable, the null a NaN
+    assert batch["x"].tolist()[:3] == [7.0, 8.0, 9.0] and np.isnan(batch["x"][3].item())
     lance.write_dataset(table.select(["id"]), tmp_path / "c")
     with pytest.raises(ValueError, match=r"^source\[1\]: columns \['vector', 'label'\] are not in"):
         PrefetchLoader([first, str(tmp_path / "c")], 4)
@@ -255,3 +261,21 @@ def test_a_mixture_resumes_exactly_and_refuses_other_weights(mixed):
     state = mixture(mixed).state_dict()
     with pytest.raises(ValueError, match=r"weights is \[0\.7, 0\.3\] in the state but \[0\.6"):
         PrefetchLoader(mixed, 10, columns=["id"], weights=[0.6, 0.4], seed=5).load_state_dict(state)
+
+
+def test_each_dataset_is_pinned_to_its_own_version_at_construction(tmp_path):
+    first = write_shifted(tmp_path / "a.lance", 20, LOCAL)
+    lance.write_dataset(ids_table(5), first, mode="append")  # version 2: 25 rows
+    second = write_shifted(tmp_path / "b.lance", 10, 0)
+    loader = PrefetchLoader([first, second], 6, columns=["id"], version=[1, None], shuffle=False)
+    lance.write_dataset(ids_table(3), second, mode="append")  # after construction: not read
+    assert (loader.num_rows, loader.version) == (30, (1, 1))
+    ids = [i for batch in batch_ids(loader) for i in batch]
+    assert ids == [LOCAL + i for i in range(20)] + list(range(10))
+    state = loader.state_dict()
+    assert [(d["version"], d["num_rows"]) for d in state["datasets"]] == [(1, 20), (1, 10)]
+    latest = PrefetchLoader([first, second], 6, columns=["id"], version=[2, 1], shuffle=False)
+    with pytest.raises(
+        ValueError, match=r"datasets\[0\] is .* version 1 in the state but .* version 2"
+    ):
+        latest.load_state_dict(state)
