@@ -20,6 +20,7 @@ import pytest
 from support.contracts import check_resume
 from support.fakes import ids_table
 from support.helpers import WORKERS, batch_ids, collect
+from torch.utils.data import ChainDataset, DataLoader
 
 from lance_prefetch import PrefetchLoader, _multi
 from lance_prefetch._mixture import epoch_length, mixture_counts
@@ -195,15 +196,25 @@ def test_each_dataset_has_its_own_filter_and_cache(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_two_dataloader_workers_read_the_concatenation_as_in_process(tmp_path):
-    first, second = (
+def test_two_dataloader_workers_read_the_concatenation_and_a_mixture_as_planned(tmp_path):
+    """One DataLoader (2 forkserver workers) over the concatenation, then a mixture of the same
+    two datasets (0.5 / 0.5 of 50 and 30 rows: 60 a epoch, 7 batches of 8): each worker's loader
+    arrives pickled, reads its share, and the DataLoader hands them out in the plans' order."""
+    paths = [
         write_shifted(tmp_path / "a.lance", 50, LOCAL),
         write_shifted(tmp_path / "b.lance", 30, 0),
-    )
-    loader = PrefetchLoader([first, second], 8, columns=["id"], seed=1)
+    ]
+    both = PrefetchLoader(paths, 8, columns=["id"], seed=1)
+    mixed = PrefetchLoader(paths, 8, columns=["id"], seed=1, weights=[1, 1])
+    mixed.set_epoch(2)
     expected = [[LOCAL + p if p < 50 else p - 50 for p in b.indices.tolist()]
-                for b in loader.epoch_plan(0).rank_batches(0)]  # fmt: skip
-    assert collect(loader, 2, epoch=0, context=WORKERS) == expected
+                for b in both.epoch_plan(0).rank_batches(0)]  # fmt: skip
+    expected_mixed = batch_ids(mixed)  # read in this process: the reference
+    assert len(expected) == 10 and len(expected_mixed) == 7
+    mixed.set_epoch(2)  # again: the workers read epoch 2 too
+    loader = DataLoader(ChainDataset([both, mixed]), batch_size=None, num_workers=2,
+                        multiprocessing_context=WORKERS)  # fmt: skip
+    assert batch_ids(loader) == expected + expected_mixed
 
 
 def test_the_mixture_rule_sets_the_epoch_length_and_counts():
