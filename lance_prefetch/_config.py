@@ -250,7 +250,8 @@ class LoaderConfig:
             if isinstance(value, tuple) and len(value) != count:
                 raise ValueError(
                     f"{name} lists {len(value)} values, but source lists {count} datasets; "
-                    f"give one per dataset, in the order of source (or one value for all)"
+                    f"give one per dataset, in the order of source"
+                    + ("" if name == "weights" else " (or one value for all)")
                 )
 
         def pick(name: str, i: int) -> Any:

@@ -21,6 +21,7 @@ source (URI, version, options; a subset's offsets), never an open dataset.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -222,8 +223,7 @@ def open_sources(source: Any, config: LoaderConfig) -> RowSource:
     opened: list[RowSource] = []
     for i, options in enumerate(config.per_dataset(len(source))):
         if opened:  # the first dataset's projection, in every dataset
-            options = type(options)(columns=opened[0].columns, version=options.version,
-                                    storage_options=options.storage_options, io=options.io)  # fmt: skip
+            options = dataclasses.replace(options, columns=opened[0].columns)
         try:
             opened.append(open_source(source[i], config, options=options))
         except (ValueError, TypeError) as exc:

@@ -269,6 +269,20 @@ def test_a_mixture_reads_exact_proportions_each_epoch_without_repeats(mixed, mon
 
 def test_a_mixture_resumes_exactly_and_refuses_other_weights(mixed):
     check_resume(lambda: mixture(mixed), midpoint=4, epoch=1)
+    first = mixture(mixed, rank=1, world_size=2)  # elastic: 2 ranks, then 1
+    first.set_epoch(1)
+    iterator = iter(first)
+    head = [next(iterator)["id"].tolist() for _ in range(2)]
+    elastic = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    alone = mixture(mixed)
+    alone.load_state_dict(elastic)
+    whole = mixture(mixed)
+    whole.set_epoch(1)
+    reference = batch_ids(whole)
+    assert head == reference[1:4:2] and batch_ids(alone) == reference[4:]
+    with pytest.raises(ValueError, match=r"^weights lists 3 values, but source lists 2 datas"):
+        PrefetchLoader(mixed, 10, weights=[1, 1, 1])
     state = mixture(mixed).state_dict()
     with pytest.raises(ValueError, match=r"weights is \[0\.7, 0\.3\] in the state but \[0\.6"):
         PrefetchLoader(mixed, 10, columns=["id"], weights=[0.6, 0.4], seed=5).load_state_dict(state)
