@@ -21,6 +21,10 @@ exactness and resuming do not change.
   disk that fills during the fill is an ``OSError`` naming ``cache_dir`` and the fixes, and
   nothing of the copy is kept.
 
+Every column type the loader reads is cached: a blob column's bytes are read by the scan
+(Lance's ``blob_handling="all_binary"``) and held as ``large_binary`` in memory, or stored as a
+blob again in the disk copy; a nested path (``"image.bytes"``) is copied under its struct.
+
 Both are filled by ``prepare()``, which ``iter(loader)`` calls in each process before the first
 read (so the fill is not a timed, retried ``take``); a ``take`` before it fills too. Every batch,
 from epoch 0 on, is then served from the cache. A new dataset version has
@@ -254,7 +258,8 @@ class DiskCache(_Cache):
             if self._local is None:
                 if not self.path.exists() or check_copy(self.path, self._about()) is not None:
                     self._copy()
-                local = LanceSource(os.fspath(self.path), SourceOptions(io=_local_io(self.source)))
+                options = SourceOptions(io=_local_io(self.source), columns=self.source.columns)
+                local = LanceSource(os.fspath(self.path), options)
                 if local.num_rows != self.source.num_rows:
                     raise ValueError(
                         f"the disk cache {str(self.path)!r} holds {local.num_rows} rows, but "

@@ -65,7 +65,8 @@ class SourceOptions:
     """Which version and columns of a dataset to read, and how.
 
     Args:
-        columns (Sequence[str], optional): top-level columns, in order. Default: ``None``, all.
+        columns (Sequence[str], optional): columns or dotted paths into structs (``"a.b"``), in
+            order. Default: ``None``, all top-level columns.
         version (int | str, optional): version number (``>= 1``) or tag. Default: ``None``, the
             latest at construction.
         storage_options (Mapping[str, str], optional): passed to Lance as they are. Default:

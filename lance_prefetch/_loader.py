@@ -63,7 +63,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             opened with ``storage_options`` needs them here too, for workers), or a list of them:
             their concatenation, one permutation over all rows (``docs/datasets.md``).
         batch_size (int): rows per batch, ``>= 1``.
-        columns (Sequence[str], optional): columns to read. Default: ``None``, all.
+        columns (Sequence[str], optional): columns (or ``"a.b"`` struct fields). Default: all.
         seed (int, optional): base seed, ``>= 0``, the same on every rank. Default: ``0``.
         readahead (int | str, optional): the most batches held (being read or read, not yet
             handed out), ``>= 1``; ``"auto"``: tuned from the measured wait and rows/s within

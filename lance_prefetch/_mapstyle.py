@@ -95,7 +95,8 @@ class LanceMapDataset(SourceFacade, Dataset):
     Args:
         source (str | os.PathLike | lance.LanceDataset): dataset URI or open dataset (an open one
             opened with ``storage_options`` needs them here too, for workers).
-        columns (Sequence[str], optional): columns to read. Default: ``None``, all columns.
+        columns (Sequence[str], optional): columns to read, or dotted paths into structs
+            (``"image.bytes"``; see :mod:`lance_prefetch.convert`). Default: ``None``, all columns.
         storage_options (Mapping[str, str], optional): passed to Lance (S3 credentials, endpoint);
             pickled along into worker processes, never printed. Default: ``None``.
         version (int | str, optional): version number or tag. Default: ``None``, the latest at
@@ -153,8 +154,9 @@ class LanceMapDataset(SourceFacade, Dataset):
         return self._source.num_rows
 
     def __getitem__(self, index: int) -> Any:
-        """Row ``index`` as ``dict[str, Tensor]``: scalars as 0-d tensors, fixed-size lists as
-        tensors of shape ``(d, ...)``, strings and bytes as ``str``/``bytes`` (then ``transform``).
+        """Row ``index`` as ``dict[str, Tensor]``: scalars as 0-d tensors, fixed-size lists and
+        tensors as tensors of shape ``(d, ...)``, strings, bytes and blobs as ``str``/``bytes``, a
+        struct as a dict of its fields (then ``transform``).
 
         Raises:
             IndexError: ``index`` is outside ``[-len(dataset), len(dataset))``.
@@ -230,5 +232,9 @@ def _is_int(value: Any) -> bool:
 
 
 def _row(batch: Mapping[str, Any], i: int) -> dict[str, Any]:
-    """Row ``i`` of a converted batch: tensors indexed on their first dimension, lists by item."""
-    return {name: column[i] for name, column in batch.items()}
+    """Row ``i`` of a converted batch: tensors indexed on their first dimension, lists by item,
+    a struct's dict field by field."""
+    return {
+        name: _row(column, i) if isinstance(column, Mapping) else column[i]
+        for name, column in batch.items()
+    }

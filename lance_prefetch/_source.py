@@ -4,7 +4,9 @@ This is the only module that imports ``lance``. A :class:`LanceSource` opens the
 construction (to pin the version, count the live rows and check the columns), pickles small (URI,
 version, columns, storage options; never the open dataset) and reopens the pinned version lazily,
 once per process, when it is first used there (a spawned DataLoader worker). A copy inherited through
-``fork`` refuses to read (Lance is not fork-safe) with an error that names the fix.
+``fork`` refuses to read (Lance is not fork-safe) with an error that names the fix. Columns may
+be paths into structs (``"image.bytes"``) and blob columns (read with ``read_blobs``); every read
+returns one flat table (:mod:`lance_prefetch._projection`).
 
 Storage options go to Lance as given. For ``s3://`` URIs they are checked before any I/O, an
 explicit endpoint is probed (a few seconds at most, where Lance alone retries for seconds or
@@ -26,6 +28,7 @@ import pyarrow as pa
 
 from ._config import SourceOptions
 from ._exit_guard import native_call
+from ._projection import Projection
 from ._storage import (
     check_s3_options,
     explain_open_error,
@@ -38,6 +41,7 @@ from ._storage import (
 )
 from ._storage import redact as redact
 from ._uris import URING, refuse_a_file, scheme, uring_uri
+from ._versions import checkout, committed
 
 __all__ = ["LanceSource", "RowSource", "ShortReadError", "redact"]
 
@@ -109,7 +113,8 @@ class LanceSource:
         source (str | os.PathLike | lance.LanceDataset): a dataset URI (local path, ``file://``,
             ``s3://``, ...) or an open dataset. An open dataset is used as it is in this process;
             other processes reopen it from its URI, ``version`` and ``storage_options``.
-        options (SourceOptions, optional): the columns (top-level, in order; ``None``: all), the
+        options (SourceOptions, optional): the columns (names, or dotted paths into structs such
+            as ``"image.bytes"``, in order; ``None``: all top-level columns), the
             version (number or tag; ``None``: the latest at construction, or the open dataset's
             own), the ``storage_options`` (passed to Lance as they are, pickled along, never
             printed; for ``s3://`` an endpoint set there is probed once, for at most
@@ -132,7 +137,8 @@ class LanceSource:
         ConnectionError: the object store's endpoint could not be reached (probed within a few
             seconds when ``storage_options`` sets it).
         ValueError: ``version`` does not exist (the message gives the latest version, and the tags
-            for a tag), or a column is not in the schema (the message lists the schema's columns),
+            for a tag), or a column is not in the schema (the message lists the schema's columns,
+            or a struct's fields for a path),
             or an S3 endpoint in ``storage_options`` is not a URL or is plain ``http`` without
             ``allow_http``, or ``io="uring"`` names a dataset that is not local.
 
@@ -180,25 +186,18 @@ class LanceSource:
                 f"but got {type(source).__name__}"
             )
         if version is not None and version != dataset.version:
-            dataset = self._checkout(dataset, version)
+            dataset = checkout(dataset, version, self.uri)
         self.version: int = dataset.version
-        schema = dataset.schema
-        if columns is None:
-            columns = tuple(schema.names)
-        unknown = [name for name in columns if name not in schema.names]
-        if unknown:
-            raise ValueError(
-                f"columns {unknown} are not in the dataset {self.uri!r} (version {self.version}); "
-                f"its columns are {schema.names}"
-            )
-        self.columns: tuple[str, ...] = columns
-        self.schema: pa.Schema = pa.schema([schema.field(name) for name in columns])
+        where = f"the dataset {self.uri!r} (version {self.version})"
+        self._projection = Projection(dataset.schema, columns, where=where)
+        self.columns: tuple[str, ...] = self._projection.columns
+        self.schema: pa.Schema = self._projection.schema
         #: The pinned version's whole schema (for checks of options naming other columns).
-        self.dataset_schema: pa.Schema = schema
+        self.dataset_schema: pa.Schema = dataset.schema
         self.num_rows: int = dataset.count_rows()
         #: When the pinned version was committed (ISO 8601, from its manifest; ``""`` if Lance
         #: does not say): with the URI and version, it names the version's rows for caches.
-        self.committed: str = _committed(dataset)
+        self.committed: str = committed(dataset)
         if self.io == "uring":
             dataset = self._switch_to_uring(dataset)
         self._lock = threading.Lock()
@@ -215,7 +214,10 @@ class LanceSource:
                 repeats allowed.
 
         Returns:
-            pyarrow.Table: ``rows`` rows of :attr:`columns`, row ``i`` being live row ``indices[i]``.
+            pyarrow.Table: ``rows`` rows of :attr:`columns`, row ``i`` being live row ``indices[i]``:
+            one flat column per name (a path keeps its dotted name), a blob column as its bytes
+            (``large_binary``, read with Lance's ``read_blobs`` in the order asked, repeats
+            included; see :mod:`lance_prefetch._projection`).
 
         Raises:
             IndexError: an index is outside ``[0, num_rows)`` (checked before reading, because Lance
@@ -230,18 +232,22 @@ class LanceSource:
             on the first read in a new process, the open errors listed in the class docstring.
         """
         self.check_offsets(indices)
-        dataset = self._opened()
+        dataset, projection = self._opened(), self._projection
         try:
             with native_call():  # see _exit_guard: the interpreter must not finalize under it
-                table = dataset.take(indices, columns=list(self.columns))
+                columns = projection.read_columns
+                table = dataset.take(indices, columns=columns) if columns else None
+                blobs = {name: _read_blobs(dataset, name, indices) for name in projection.blobs}
         except Exception as exc:
             self._reraise_read_error(exc)
-        if table.num_rows != len(indices):
+        counts = [len(rows) for rows in blobs.values()] + ([table.num_rows] if table else [])
+        short = [count for count in counts if count != len(indices)]
+        if short:
             raise ShortReadError(
-                f"Lance returned {table.num_rows} rows for {len(indices)} offsets from "
+                f"Lance returned {short[0]} rows for {len(indices)} offsets from "
                 f"{self.uri!r} version {self.version}"
             )
-        return table
+        return projection.assemble(table, blobs)
 
     def check_offsets(self, indices: np.ndarray) -> None:
         """Refuse offsets outside ``[0, num_rows)`` before any read (Lance silently drops an
@@ -287,13 +293,15 @@ class LanceSource:
                 file of the pinned version is gone (as for :meth:`take`).
             Exception: Lance's own error from the read (without secret values).
         """
-        dataset = self._opened()
+        dataset, own = self._opened(), projection is None
+        blobs = own and bool(self._projection.blobs)  # read as bytes, not descriptors
         try:
             with native_call():
-                columns = list(self.columns) if projection is None else dict(projection)
+                columns = self._projection.scan_columns if own else dict(projection)
                 reader = dataset.scanner(
-                    columns=columns, batch_size=batch_rows, scan_in_order=True
-                ).to_reader()
+                    columns=columns, batch_size=batch_rows, scan_in_order=True,
+                    blob_handling="all_binary" if blobs else None,
+                ).to_reader()  # fmt: skip
             rows = 0
             while True:
                 with native_call():
@@ -302,7 +310,10 @@ class LanceSource:
                     except StopIteration:
                         break
                 rows += batch.num_rows
-                yield batch
+                if own:  # one flat column per name, as take returns them
+                    yield from self._projection.assemble(batch, {}).to_batches()
+                else:
+                    yield batch
         except Exception as exc:
             self._reraise_read_error(exc)
         if rows != self.num_rows:
@@ -318,7 +329,10 @@ class LanceSource:
             OSError: ``path`` exists, or the disk is full.
             Exception: as :meth:`scan`.
         """
-        reader = pa.RecordBatchReader.from_batches(self.schema, self.scan())
+        projection = self._projection  # paths back in their structs: Lance refuses "a.b" names
+        reader = pa.RecordBatchReader.from_batches(
+            projection.storage_schema, (projection.nest(batch) for batch in self.scan())
+        )
         with native_call():
             lance.write_dataset(reader, path, mode="create", max_rows_per_file=1 << 24)
 
@@ -409,39 +423,8 @@ class LanceSource:
         error = explain_read_error(exc, self.uri, self.version, self._storage_options)
         raise_instead(error, exc, self._storage_options)
 
-    def _checkout(self, dataset: lance.LanceDataset, version: int | str) -> lance.LanceDataset:
-        latest = dataset.latest_version
-        message = (
-            f"version={version!r} does not exist in {self.uri!r}; its latest version is {latest}"
-        )
-        if isinstance(version, int) and version > latest:
-            # refused at once: Lance's checkout of a manifest that is not there sometimes retries
-            # for ~10 s before it gives up
-            raise ValueError(message)
-        try:
-            return dataset.checkout_version(version)
-        except (ValueError, OSError, KeyError, OverflowError) as exc:
-            if isinstance(version, str):  # a tag
-                message += _tags(dataset)
-                if version.strip().isdigit():
-                    message += (
-                        f" (a str names a tag; for version number {int(version)} pass an int)"
-                    )
-            raise ValueError(message) from exc
 
-
-def _committed(dataset: lance.LanceDataset) -> str:
-    try:
-        timestamp = dataset.get_version()["timestamp"]
-    except Exception:  # older or newer Lance: the version number alone keys caches
-        return ""
-    return timestamp.isoformat() if hasattr(timestamp, "isoformat") else str(timestamp)
-
-
-def _tags(dataset: lance.LanceDataset) -> str:
-    """``", and its tags are [...]"`` for a message (empty if the tags cannot be listed)."""
-    try:
-        tags = sorted(dataset.tags.list())
-    except Exception:  # the message is about the version; a failed listing must not replace it
-        return ""
-    return f", and its tags are {tags}" if tags else ", and it has no tags"
+def _read_blobs(dataset: lance.LanceDataset, name: str, indices: np.ndarray) -> list[bytes | None]:
+    """Blob column ``name``'s bytes at the offsets ``indices``, in that order, repeats included
+    (``None`` for a null blob), with Lance's planned blob reader."""
+    return [data for _, data in dataset.read_blobs(name, indices=indices, preserve_order=True)]

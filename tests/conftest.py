@@ -124,8 +124,9 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 #: through DataLoader workers or new processes runs the modes it can tell apart (a cache filled
 #: in each worker, a cache against writers or versions, groups of takes against worker shares),
 #: chosen with ``@pytest.mark.parametrize("make_loader", [...], indirect=True)``; every mode
-#: still runs through workers in ``test_ranks_times_workers``,
-#: ``test_stateful_dataloader_resumes_its_workers_in_place`` and ``test_cache.py``.
+#: still runs through workers in ``test_ranks_times_workers`` (and the caches in
+#: ``test_cache.py``, the fork tests and the writer tests). Worker starts are most of the suite's
+#: CPU time, so a worker test runs one mode unless another reads differently there.
 READ_MODES = {
     "coalesced": {},  # the defaults: coalesce="auto", no cache
     "per-take": {"coalesce": 1},

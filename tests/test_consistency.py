@@ -257,9 +257,7 @@ class WaitForFlag:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "make_loader", ["coalesced", "memory", "disk"], indirect=True
-)  # see READ_MODES
+@pytest.mark.parametrize("make_loader", ["coalesced", "disk"], indirect=True)  # see READ_MODES
 def test_a_writer_process_mid_epoch_through_spawn_workers(make_loader, fresh_ids, tmp_path):
     """Two spawn DataLoader workers read epoch 0; after the first batch a writer process appends,
     deletes and overwrites. Epoch 0 and epoch 1 (new workers, which reopen the pinned version

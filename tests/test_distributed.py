@@ -48,6 +48,7 @@ def expected(uri: str, epoch: int, rank: int, world_size: int, start: int = 0) -
 
 @pytest.mark.slow
 @pytest.mark.long
+@pytest.mark.timeout(360)  # two torchrun launches, each bounded at 150 s
 def test_torchrun_job_with_spawn_workers_interrupted_mid_epoch_resumes_on_three_ranks(tmp_path):
     """2 ranks x 2 spawn workers over 1,003 rows, batch 10: epoch 0 delivers every id once over
     the ranks (but the 3-row tail), each rank the steps of its plan; stopped after 67 steps (epoch

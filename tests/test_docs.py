@@ -1,6 +1,7 @@
-"""The docs stay true: docs/frameworks.md's ``<!-- run -->`` snippets run as they are, and every
-line of its ``<!-- excerpt: path -->`` snippets is a line of that example (which
-test_frameworks.py runs under the real framework); every test docs/reliability.md cites exists."""
+"""The docs stay true: docs/frameworks.md's and README.md's ``<!-- run -->`` snippets run as they
+are, and every line of frameworks.md's ``<!-- excerpt: path -->`` snippets is a line of that
+example (which test_frameworks.py runs under the real framework); every test docs/reliability.md
+cites exists."""
 
 from __future__ import annotations
 
@@ -37,6 +38,18 @@ def test_snippets_run(path, code):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exec(compile(code, str(PAGE), "exec"), {"__name__": "__docs__"})
+
+
+README = ROOT / "README.md"
+
+
+def test_readme_snippets_run():
+    """README's ``<!-- run -->`` snippets (column types: tensors, blobs, structs; in process,
+    a few rows in a temporary folder) run as a script would; their asserts are the test."""
+    found = [m.group(3) for m in BLOCK.finditer(README.read_text()) if m.group(1) == "run"]
+    assert found, "no run snippet in README.md"
+    for code in found:
+        exec(compile(code, str(README), "exec"), {"__name__": "__docs__"})
 
 
 RELIABILITY = ROOT / "docs" / "reliability.md"

@@ -278,7 +278,9 @@ UNSUPPORTED = [
     ("price", pa.array([decimal.Decimal("1.25"), decimal.Decimal("2.5"), decimal.Decimal("-3")], pa.decimal128(6, 2)),
      "CAST(`price` AS DOUBLE)", "price_float", [1.25, 2.5, -3.0]),
     ("kind", pa.array(["cat", "dog", "cat"]).dictionary_encode(), "CAST(`kind` AS STRING)", "kind_str", ["cat", "dog", "cat"]),
-    ("point", pa.array([{"x": 1.0, "y": 2.0}, {"x": 3.0, "y": 4.0}, {"x": 5.0, "y": 6.0}]), "`point`.`x`", "point_x", [1.0, 3.0, 5.0]),
+    # a struct's field: named by its path, and the other fields offered
+    ("meta", pa.StructArray.from_arrays([pa.array([10, 20, 30], pa.timestamp("us")), pa.array([1, 2, 3])], names=["when", "n"]),
+     "CAST(`meta`.`when` AS BIGINT)", "meta_when_int", [10, 20, 30]),
 ]  # fmt: skip
 
 
@@ -296,11 +298,15 @@ def test_an_unsupported_column_names_the_fix_and_the_fix_works(
         with within(AT_ONCE), pytest.raises(TypeError) as info:
             construct()
         message = str(info.value)
+        column, arrow_type, leave = name, values.type, "leave it out of columns="
+        if name == "meta":
+            column, arrow_type = "meta.when", values.type.field("when").type
+            leave += " (name the other fields of 'meta' instead: ['meta.n'])"
         assert message == (
-            f"column {name!r} has Arrow type {values.type}, which lance_prefetch cannot turn into "
-            f"a tensor, and transform cannot help (it receives batches already converted); leave "
-            f"it out of columns=, or add a converted copy to the dataset once and read that "
-            f"instead, e.g. lance.dataset(uri).add_columns({{{new!r}: {expression!r}}})"
+            f"column {column!r} has Arrow type {arrow_type}, which lance_prefetch cannot turn "
+            f"into a tensor, and transform cannot help (it receives batches already converted); "
+            f"{leave}, or add a converted copy to the dataset once and read that instead, e.g. "
+            f"lance.dataset(uri).add_columns({{{new!r}: {expression!r}}})"
         )
     call = re.search(r"add_columns\((\{.*\})\)$", message).group(1)
     lance.dataset(uri).add_columns(ast.literal_eval(call))
@@ -320,8 +326,8 @@ def test_an_unsupported_type_without_a_cast_gets_the_general_advice(tmp_path):
         PrefetchLoader(uri, 1)
     assert str(info.value).endswith(
         "leave it out of columns=, or add a converted copy to the dataset once and read that "
-        "instead, as integers, floats, bools, (fixed-size) lists of them, strings or binary "
-        "(lance.dataset(uri).add_columns() computes a column from an SQL expression)"
+        "instead, as integers, floats, bools, (fixed-size) lists of them, tensors, strings or "
+        "binary (lance.dataset(uri).add_columns() computes a column from an SQL expression)"
     )
     assert str(info.value).startswith("column 'tags' has Arrow type list<item: string>, which")
 

@@ -162,7 +162,7 @@ def test_each_persistent_spawn_worker_runs_its_own_loop_thread_and_restarts_afte
 
 @pytest.mark.slow
 @stops_workers_mid_epoch
-@pytest.mark.parametrize("make_loader", ["coalesced", "memory"], indirect=True)  # see READ_MODES
+@pytest.mark.parametrize("make_loader", ["memory"], indirect=True)  # see READ_MODES
 def test_spawn_workers_after_break_read_the_next_epoch_exactly(make_loader, ids_1003):
     """Non-persistent spawn workers: ``break`` after 3 batches, then iterate the DataLoader again:
     new worker processes, each with its own loop thread, read exactly the next epoch."""

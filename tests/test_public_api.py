@@ -17,8 +17,9 @@ PRIVATE = [
     "_audit", "_bitset", "_blocking", "_budget", "_cache", "_cache_files", "_cli", "_coalesce",
     "_config", "_coverage", "_demo", "_device",
     "_epochs", "_errors", "_exit_guard", "_facade", "_frameworks", "_interrupts", "_iteration", "_loader", "_mapstyle", "_mixture", "_multi",
-    "_periods", "_positions", "_prefetcher", "_ranks", "_sequences", "_shutdown", "_slots", "_source", "_subset",
-    "_storage", "_telemetry", "_tuning", "_uris", "_validate", "_bench", "_bench.config",
+    "_periods", "_positions", "_prefetcher", "_projection", "_ranks", "_sequences", "_shutdown", "_slots",
+    "_source", "_subset", "_storage", "_telemetry", "_tuning", "_uris", "_validate", "_versions", "_bench",
+    "_bench.config",
     "_bench.contenders", "_bench.data", "_bench.latency_proxy", "_bench.local_s3",
     "_bench.report", "_bench.run", "_bench.verdicts", "_bench._map_contenders", "_bench._spec",
 ]  # fmt: skip

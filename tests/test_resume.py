@@ -159,7 +159,7 @@ def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(
 
 @stops_workers_mid_epoch
 @pytest.mark.slow
-@pytest.mark.parametrize("make_loader", ["coalesced", "memory"], indirect=True)  # see READ_MODES
+@pytest.mark.parametrize("make_loader", ["coalesced"], indirect=True)  # see READ_MODES
 def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(make_loader, ids_1003):
     """Acceptance 5: save at 2 ranks x 2 workers (StatefulDataLoader), resume at 3 ranks x 1
     worker: over the epoch every id exactly once (but the documented tail)."""
@@ -192,6 +192,7 @@ def test_elastic_resume_from_stateful_dataloader_workers_to_three_ranks(make_loa
 
 @stops_workers_mid_epoch
 @pytest.mark.slow
+@pytest.mark.parametrize("make_loader", ["coalesced", "per-take"], indirect=True)  # see READ_MODES
 def test_stateful_dataloader_resumes_its_workers_in_place(make_loader, ids_1003):
     """StatefulDataLoader's own save/load with the same num_workers continues batch for batch."""
     expected = uninterrupted(ids_1003, 0)
