@@ -31,6 +31,7 @@ from ._validate import (
     check_seconds,
     check_str_mapping,
     check_version,
+    check_weights,
 )
 from .permutation import KINDS, resolve_kind
 from .retry import RetryPolicy
@@ -148,6 +149,7 @@ class LoaderConfig:
     audit_dir: str | os.PathLike[str] | None = None
     filter: str | None = None
     split: Split | None = None
+    weights: Sequence[float] | None = None
     source_options: SourceOptions = field(init=False, repr=False, compare=False)
     placement: Placement = field(init=False, repr=False, compare=False)
 
@@ -207,12 +209,61 @@ class LoaderConfig:
                 f"e.g. Split(fractions={{'train': 0.9, 'validation': 0.1}}, name='train')"
             )
         _set(self, "placement", check_placement(self.pin_memory, self.device))
+        _set(self, "weights", check_weights(self.weights, shuffle=self.shuffle))
+        if isinstance(self.storage_options, (list, tuple)):  # one per dataset of a list source
+            _set(self, "storage_options", tuple(
+                check_str_mapping(f"storage_options[{i}]", o)
+                for i, o in enumerate(self.storage_options)
+            ))  # fmt: skip
+        if isinstance(self.version, (list, tuple)):
+            _set(self, "version", tuple(check_version(f"version[{i}]", v)
+                                        for i, v in enumerate(self.version)))  # fmt: skip
+        listed = isinstance(self.storage_options, tuple) or isinstance(self.version, tuple)
         _set(self, "source_options", SourceOptions(
-            columns=self.columns, version=self.version,
-            storage_options=self.storage_options, io=self.io,
+            columns=self.columns, io=self.io,
+            version=None if isinstance(self.version, tuple) else self.version,
+            storage_options=None if isinstance(self.storage_options, tuple)
+            else self.storage_options,
         ))  # fmt: skip
         _set(self, "columns", self.source_options.columns)
-        _set(self, "storage_options", self.source_options.storage_options)
+        if not listed:
+            _set(self, "storage_options", self.source_options.storage_options)
+
+    def per_dataset(self, count: int | None) -> list[SourceOptions]:
+        """The :class:`SourceOptions` of each of ``count`` datasets (``None``: ``source`` is one
+        dataset): ``storage_options`` and ``version`` either one value for all or a list with
+        one per dataset, in the order of ``source``.
+
+        Raises:
+            ValueError: a list of another length than ``source``'s, a list for one dataset, or
+                ``weights`` without a list of datasets.
+        """
+        if count is None:
+            for name in ("storage_options", "version", "weights"):
+                if isinstance(getattr(self, name), tuple):
+                    raise ValueError(
+                        f"{name} is a list, which applies to a list of datasets, but source is "
+                        f"one dataset; pass source=[uri_a, uri_b, ...] or one {name} value"
+                    )
+            return [self.source_options]
+        for name in ("storage_options", "version", "weights"):
+            value = getattr(self, name)
+            if isinstance(value, tuple) and len(value) != count:
+                raise ValueError(
+                    f"{name} lists {len(value)} values, but source lists {count} datasets; "
+                    f"give one per dataset, in the order of source"
+                    + ("" if name == "weights" else " (or one value for all)")
+                )
+
+        def pick(name: str, i: int) -> Any:
+            value = getattr(self, name)
+            return value[i] if isinstance(value, tuple) else value
+
+        return [
+            SourceOptions(columns=self.columns, io=self.io, version=pick("version", i),
+                          storage_options=pick("storage_options", i))
+            for i in range(count)
+        ]  # fmt: skip
 
     def resolve(self, *, row_bytes: int | None, num_rows: int) -> Resolved:
         """Coalescing, the permutation kind and the tuner for a dataset of ``num_rows`` rows of

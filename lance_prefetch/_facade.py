@@ -7,7 +7,7 @@ from typing import Any
 
 from ._source import RowSource
 
-__all__ = ["SourceFacade", "loader_repr"]
+__all__ = ["SourceFacade", "loader_identity", "loader_repr"]
 
 
 class SourceFacade:
@@ -50,7 +50,23 @@ def loader_repr(loader: Any) -> str:
         + ("shuffle=False, " if not loader.shuffle else "")
         + ("" if config.filter is None else f"filter={config.filter!r}, ")
         + ("" if config.split is None else f"split={config.split!r}, ")
+        + ("" if config.weights is None else f"weights={list(config.weights)}, ")
         + f"rank={loader.rank}, "
         f"world_size={loader.world_size}, retry={loader.retry!r}, io={loader.io!r}, "
         f"storage_options={loader._source.options_repr()})"
     )
+
+
+def loader_identity(loader: Any) -> dict[str, Any]:
+    """What a state must match to load (:data:`lance_prefetch.state.MATCHED`); with several
+    datasets, ``uri`` and ``version`` are the first one's and ``datasets`` lists them all."""
+    config, source = loader.config, loader._source
+    split = config.split
+    several = hasattr(source, "datasets")  # a ConcatSource or MixtureSource
+    return {"uri": source.sources[0].uri if several else loader.uri,
+            "version": source.sources[0].version if several else loader.version,
+            "num_rows": loader.num_rows, "seed": loader.seed, "batch_size": loader.batch_size,
+            "drop_last": loader.drop_last, "permutation": loader.permutation,
+            "filter": config.filter, "split": None if split is None else split.to_state(),
+            "datasets": source.datasets() if several else None,
+            "weights": None if config.weights is None else list(config.weights)}  # fmt: skip

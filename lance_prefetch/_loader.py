@@ -19,13 +19,14 @@ from ._audit import EpochAudit, choose_exchange, open_audit
 from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, LoaderConfig
 from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
-from ._facade import SourceFacade, loader_repr
+from ._facade import SourceFacade, loader_identity, loader_repr
 from ._frameworks import reads_every_rank
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
+from ._multi import epoch_view, open_sources
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
 from ._ranks import Ranks
 from ._shutdown import close_all
-from ._subset import open_source, subset_of
+from ._subset import subset_of
 from ._telemetry import LoaderStats, Telemetry
 from ._validate import check_bool, check_int
 from .convert import fixed_row_bytes
@@ -58,8 +59,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     worker reads its share of the rank's batches, in the same order for any ``num_workers``.
 
     Args:
-        source (str | os.PathLike | lance.LanceDataset): dataset URI or open dataset (one opened
-            with ``storage_options`` needs them here too, for workers).
+        source (str | os.PathLike | lance.LanceDataset | list): dataset URI or open dataset (one
+            opened with ``storage_options`` needs them here too, for workers), or a list of them:
+            their concatenation, one permutation over all rows (``docs/datasets.md``).
         batch_size (int): rows per batch, ``>= 1``.
         columns (Sequence[str], optional): columns (or ``"a.b"`` struct fields). Default: all.
         seed (int, optional): base seed, ``>= 0``, the same on every rank. Default: ``0``.
@@ -80,8 +82,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             else ``0`` of ``1``.
         storage_options (Mapping[str, str], optional): passed to Lance as they are, pickled into
             workers, never printed; an ``s3://`` endpoint set here is probed for at most
-            ``connect_timeout`` (3 s). Default: ``None``.
-        version (int | str, optional): version number or tag to pin. Default: ``None``, latest.
+            ``connect_timeout`` (3 s); a list: one (or ``None``) per dataset. Default: ``None``.
+        version (int | str, optional): version number or tag to pin (a list: one per dataset).
+            Default: ``None``, latest.
         transform (Callable, optional): applied to each converted batch in the read threads
             (thread-safe); its result is yielded. Default: ``None``.
         retry (RetryPolicy, optional): how a failing or stuck ``take`` is retried; ``None``: not.
@@ -119,6 +122,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             permute only the matching rows (``docs/subsets.md``). Default: ``None``, every row.
         split (Split, optional): one part of a seeded split of the (matching) rows
             (:class:`~lance_prefetch.Split`). Default: ``None``.
+        weights (Sequence[float], optional): with a list ``source``, a mixture: each epoch
+            reads the datasets in these proportions (``docs/datasets.md``). Default: ``None``.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).
@@ -139,7 +144,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
 
     def __init__(
         self,
-        source: str | os.PathLike[str] | lance.LanceDataset,
+        source: str | os.PathLike[str] | lance.LanceDataset | Sequence[Any],
         batch_size: int,
         *,
         columns: Sequence[str] | None = None,
@@ -168,6 +173,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         audit_dir: str | os.PathLike[str] | None = None,
         filter: str | None = None,
         split: Split | None = None,
+        weights: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch._config.LoaderConfig`).
@@ -179,7 +185,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
             cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
             pin_memory=pin_memory, device=device, audit=audit, audit_dir=audit_dir, filter=filter,
-            split=split,
+            split=split, weights=weights,
         )  # fmt: skip
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
@@ -189,7 +195,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
         self._every_rank = False  # a DataLoader worker of Accelerate's dispatcher reads all
         self._iterators: weakref.WeakSet[LazyIteration] = weakref.WeakSet()
-        self._source = open_source(source, config)  # pinned, cached, mapped to filter/split
+        self._source = open_sources(source, config)  # pinned, cached, filter/split, mixed
         resolved = config.resolve(row_bytes=fixed_row_bytes(self._source.schema),
                                   num_rows=self.num_rows)  # fmt: skip
         #: Batches read by one ``take`` (``coalesce`` resolved).
@@ -300,7 +306,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             decided=counter is not None and self._control.decided_by(counter.ident),
             end=end_position(self.num_rows, self.batch_size, drop_last=self.drop_last),
         )
-        return make_state(**self._identity(), world_size=self.world_size, epoch=epoch,
+        return make_state(**loader_identity(self), world_size=self.world_size, epoch=epoch,
                           position=position, worker=worker)  # fmt: skip
 
     def load_state_dict(
@@ -328,7 +334,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
                 "load_state_dict() was called while an iterator of this loader is live; exhaust "
                 "it or call loader.close() first (the state applies to the next iterator)"
             )
-        state = check_state(state, self._identity(), allow_version_change=allow_version_change)
+        state = check_state(state, loader_identity(self), allow_version_change=allow_version_change)
         worker = get_worker_info()
         here = None if worker is None else (worker.id, worker.num_workers)
         resume = plan_resume(state, here=here, world_size=self.world_size)
@@ -336,14 +342,6 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             self._worker_resume = (resume.decision, resume.skip)
         else:
             self._control.load(*resume.decision)
-
-    def _identity(self) -> dict[str, Any]:
-        """What a state must match to load (:data:`lance_prefetch.state.MATCHED`)."""
-        split = self.config.split
-        return {"uri": self.uri, "version": self.version, "num_rows": self.num_rows,
-                "seed": self.seed, "batch_size": self.batch_size, "drop_last": self.drop_last,
-                "permutation": self.permutation, "filter": self.config.filter,
-                "split": None if split is None else split.to_state()}  # fmt: skip
 
     def __iter__(self) -> Iterator[Any]:
         """An iteration of this rank's (and DataLoader worker's) batches. Its first ``next()`` (in
@@ -398,9 +396,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
         plan = self._plan(decision.epoch, decision.start, world_size)
         self._audit = audit = open_audit(exchange, plan, share, self.config.audit_dir,
-                                         identity=self._identity())  # fmt: skip
+                                         identity=loader_identity(self))  # fmt: skip
         return start_iteration(
-            self._source, plan, counter, self._telemetry, rank=None if every_rank else rank,
+            epoch_view(self._source, decision.epoch), plan, counter, self._telemetry, rank=None if every_rank else rank,
             config=self.config, resolved=self._resolved, audit=audit,
         )  # fmt: skip
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._cache import with_cache
-from ._config import LoaderConfig
+from ._config import LoaderConfig, SourceOptions
 from ._source import LanceSource, RowSource, ShortReadError
 from .convert import check_schema
 from .permutation import index_dtype
@@ -195,9 +195,12 @@ def select(source: LanceSource, filter: str | None, split: Split | None) -> Subs
     return Subset(offsets, total, filter, split)
 
 
-def open_source(source: Any, config: LoaderConfig) -> RowSource:
+def open_source(
+    source: Any, config: LoaderConfig, options: SourceOptions | None = None
+) -> RowSource:
     """The source a loader reads: the pinned, projected dataset (its schema checked), with the
-    cache ``config`` asks for, and mapped to the rows of its ``filter`` and ``split``.
+    cache ``config`` asks for, and mapped to the rows of its ``filter`` and ``split``
+    (``options``: instead of ``config.source_options``, for one of several datasets).
     ``cache="memory"`` holds the selected rows only; ``cache="disk"`` copies the whole version
     (one copy serves every filter and split of it).
 
@@ -206,7 +209,7 @@ def open_source(source: Any, config: LoaderConfig) -> RowSource:
             and of the cache's size check.
         Exception: the errors of :class:`~lance_prefetch._source.LanceSource`.
     """
-    lance_source = LanceSource(source, config.source_options)
+    lance_source = LanceSource(source, options or config.source_options)
     check_schema(lance_source.schema)
     if lance_source.num_rows == 0:
         raise ValueError(

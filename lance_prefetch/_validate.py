@@ -343,3 +343,37 @@ def _is_index(value: Any) -> bool:
 def _either(items: list[str]) -> str:
     """``"a, b or c"``."""
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+def check_weights(value: Any, *, shuffle: bool) -> tuple[float, ...] | None:
+    """``weights``: ``None``, or a list of at least two finite numbers ``> 0`` (a mixture's
+    proportions, one per dataset of a list ``source``; normalised to sum to 1), only with
+    ``shuffle=True``.
+
+    Raises:
+        TypeError: not a list of numbers. ValueError: fewer than two, one not finite or
+            ``<= 0``, or ``shuffle=False``.
+    """
+    if value is None:
+        return None
+    example = "e.g. weights=[0.7, 0.3] for source=[uri_a, uri_b]"
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise TypeError(f"weights should be a list of numbers, one per dataset ({example}), "
+                        f"but got {value!r}")  # fmt: skip
+    numbers = []
+    for i, weight in enumerate(value):
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise TypeError(f"weights[{i}] should be a number, but got {weight!r} ({example})")
+        if not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"weights[{i}] should be a finite number > 0, but got {weight!r}; "
+                             f"leave a dataset out of source rather than weigh it 0")  # fmt: skip
+        numbers.append(float(weight))
+    if len(numbers) < 2:
+        raise ValueError(f"weights should list at least two numbers, but got {value!r} ({example})")
+    if not shuffle:
+        raise ValueError(
+            "weights mixes datasets into shuffled epochs, but shuffle=False reads in order; "
+            "leave weights out to read the datasets' concatenation in order"
+        )
+    total = math.fsum(numbers)
+    return tuple(weight / total for weight in numbers)

@@ -21,6 +21,13 @@ fields and ``"filter"`` (the predicate, or ``None``) and ``"split"`` (the
 split (the refusal names them), and versions before format 3 refuse it rather than resume it
 over the whole dataset. Formats 1 and 2 stand for ``filter=None, split=None``.
 
+A loader over several datasets (a list ``source``) saves format 4: format 3's fields and
+``"datasets"`` (each dataset's ``{"uri", "version", "num_rows"}``, in order; ``"uri"`` and
+``"version"`` are the first one's) and ``"weights"`` (a mixture's normalised proportions, or
+``None`` for a concatenation). It loads only into a loader over the same datasets, in the same
+order, at the same versions (``allow_version_change`` lets versions differ), with the same
+weights; the refusal names the first dataset that differs.
+
 A state saved inside a DataLoader worker process (torchdata's ``StatefulDataLoader`` asks each
 worker for its dataset's state) also has ``"worker": {"id": w, "num_workers": K, "start": S}``: it
 describes that worker's share only (its ``position`` is after the last batch *it* delivered, of an
@@ -44,10 +51,11 @@ __all__ = [
 ]
 
 #: The newest state layout, stored as ``"format_version"``: 2 adds ``"permutation"``, 3
-#: ``"filter"`` and ``"split"`` (see above).
-FORMAT_VERSION = 3
-_FORMATS = (1, 2, 3)
+#: ``"filter"`` and ``"split"``, 4 ``"datasets"`` and ``"weights"`` (see above).
+FORMAT_VERSION = 4
+_FORMATS = (1, 2, 3, 4)
 _PART_OF = ("filter", "split")  # format 3's fields
+_SEVERAL = ("datasets", "weights")  # format 4's
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "format_version": int,
@@ -63,8 +71,8 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 }
 #: Fields that must equal the loader's own for a state to load (``version`` can be allowed to differ).
 MATCHED = (
-    "uri", "version", "filter", "split", "num_rows", "seed", "batch_size", "drop_last",
-    "permutation",
+    "uri", "version", "datasets", "weights", "filter", "split", "num_rows", "seed",
+    "batch_size", "drop_last", "permutation",
 )  # fmt: skip
 _PERMUTATIONS = ("array", "lazy", "identity")
 
@@ -84,13 +92,18 @@ def make_state(
     permutation: str = "array",
     filter: str | None = None,
     split: Mapping[str, Any] | None = None,
+    datasets: list[Mapping[str, Any]] | None = None,
+    weights: list[float] | None = None,
 ) -> dict[str, Any]:
     """A state dict in the layout above (``worker`` only for a DataLoader worker's share; format 2
     with ``"permutation"`` only for a ``"lazy"`` one; format 3 with ``"filter"`` and ``"split"``
-    only for part of a dataset)."""
-    part = filter is not None or split is not None
+    only for part of a dataset; format 4 with ``"datasets"`` and ``"weights"`` only for
+    several)."""
+    several = datasets is not None
+    part = filter is not None or split is not None or several
+    kind = 4 if several else 3 if part else 1 if permutation == "array" else 2
     state: dict[str, Any] = {
-        "format_version": FORMAT_VERSION if part else 1 if permutation == "array" else 2,
+        "format_version": kind,
         "uri": uri,
         "version": version,
         "num_rows": num_rows,
@@ -105,6 +118,9 @@ def make_state(
         state["permutation"] = permutation
     if part:
         state["filter"], state["split"] = filter, None if split is None else dict(split)
+    if several:
+        state["datasets"] = [dict(d) for d in datasets]  # type: ignore[union-attr]
+        state["weights"] = None if weights is None else list(weights)
     if worker is not None:
         state["worker"] = dict(worker)
     return state
@@ -150,7 +166,8 @@ def check_state(
             f"state['format_version'] is {state['format_version']}, but this version of "
             f"lance-prefetch reads formats {', '.join(map(str, _FORMATS))}"
         )
-    needed = {2: ("permutation",), 3: ("permutation", *_PART_OF)}.get(state["format_version"], ())
+    needed = {2: ("permutation",), 3: ("permutation", *_PART_OF),
+              4: ("permutation", *_PART_OF, *_SEVERAL)}.get(state["format_version"], ())  # fmt: skip
     for key in needed:
         if key not in state:
             raise ValueError(
@@ -161,24 +178,30 @@ def check_state(
         raise TypeError(f"state['filter'] should be str or None, but got {state['filter']!r}")
     if state.get("split") is not None and not isinstance(state["split"], Mapping):
         raise TypeError(f"state['split'] should be a dict or None, but got {state['split']!r}")
-    # format 1 knew only "array"; formats 1 and 2 read whole datasets
-    saved = {"permutation": "array", "filter": None, "split": None, **state}
+    _check_datasets(state)
+    # format 1 knew only "array"; formats 1 and 2 read whole datasets; 1-3 one dataset
+    saved = {"permutation": "array", "filter": None, "split": None, "datasets": None,
+             "weights": None, **state}  # fmt: skip
     if saved["permutation"] not in _PERMUTATIONS:
         raise ValueError(
             f"state['permutation'] should be one of {', '.join(map(repr, _PERMUTATIONS))}, but "
             f"got {saved['permutation']!r}"
         )
     matched = [k for k in MATCHED if not (k == "version" and allow_version_change)]
+    several = saved["datasets"] is not None and expected["datasets"] is not None
     mismatches = [
         k
         for k in matched
-        if (_same_uri(saved[k], expected[k]) if k == "uri" else saved[k] == expected[k]) is False
-    ]
+        if not (k in ("uri", "version") and several)  # compared in "datasets"
+        and not (_same_uri(saved[k], expected[k]) if k == "uri" else _same(k, saved, expected,
+                                                                          allow_version_change))
+    ]  # fmt: skip
     if mismatches:
         details = "; ".join(
-            f"{k} is {saved[k]!r} in the state but {expected[k]!r} in this loader"
+            _dataset_difference(saved[k], expected[k]) if k == "datasets" and several
+            else f"{k} is {saved[k]!r} in the state but {expected[k]!r} in this loader"
             for k in mismatches
-        )
+        )  # fmt: skip
         hint = (
             " (or pass allow_version_change=True to continue on another version)"
             if mismatches == ["version"]
@@ -266,6 +289,56 @@ def _same_uri(saved: str, current: str) -> bool:
     if saved == current:
         return True
     return local(saved) is not None and local(saved) == local(current)
+
+
+def _same(
+    key: str, saved: Mapping[str, Any], expected: Mapping[str, Any], any_version: bool
+) -> bool:
+    if key != "datasets" or saved[key] is None or expected[key] is None:
+        return saved[key] == expected[key]
+    return _dataset_difference(saved[key], expected[key], any_version=any_version) == ""
+
+
+def _dataset_difference(saved: list[Any], current: list[Any], *, any_version: bool = False) -> str:
+    """The first dataset that differs between two ``"datasets"`` lists, in words (``""``: none)."""
+    if len(saved) != len(current):
+        return (
+            f"the state reads {len(saved)} datasets ({', '.join(d['uri'] for d in saved)}) but "
+            f"this loader {len(current)} ({', '.join(d['uri'] for d in current)})"
+        )
+    for i, (old, new) in enumerate(zip(saved, current, strict=True)):
+        same_version = any_version or old["version"] == new["version"]
+        if not _same_uri(old["uri"], new["uri"]) or not same_version:
+            return (
+                f"datasets[{i}] is {old['uri']!r} version {old['version']} in the state but "
+                f"{new['uri']!r} version {new['version']} in this loader"
+            )
+        if old["num_rows"] != new["num_rows"]:
+            return (
+                f"datasets[{i}] ({new['uri']!r}) has {old['num_rows']} rows in the state but "
+                f"{new['num_rows']} in this loader"
+            )
+    return ""
+
+
+def _check_datasets(state: Mapping[str, Any]) -> None:
+    datasets, weights = state.get("datasets"), state.get("weights")
+    if datasets is not None and not (
+        isinstance(datasets, list)
+        and all(
+            isinstance(d, Mapping) and set(d) == {"uri", "version", "num_rows"} for d in datasets
+        )
+    ):
+        raise TypeError(
+            f"state['datasets'] should be a list of {{'uri', 'version', 'num_rows'}} dicts or "
+            f"None, but got {datasets!r}"
+        )
+    if weights is not None and not (
+        isinstance(weights, list) and all(isinstance(w, (int, float)) for w in weights)
+    ):
+        raise TypeError(
+            f"state['weights'] should be a list of numbers or None, but got {weights!r}"
+        )
 
 
 def _check_worker(state: Mapping[str, Any]) -> None:

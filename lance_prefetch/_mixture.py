@@ -1,0 +1,54 @@
+"""A weighted mixture's arithmetic, pure (no Lance, no I/O): how many rows each dataset gives
+an epoch, and which of its rows they are.
+
+With weights ``w_i`` (normalised to sum to 1) over datasets of ``N_i`` rows, an epoch holds
+
+    ``L = min_i floor(N_i / w_i)``
+
+rows (:func:`epoch_length`): the longest epoch in which no dataset runs out, so the dataset that
+binds is read whole and the others in part. Dataset ``i`` gives ``n_i`` of them
+(:func:`mixture_counts`): ``L * w_i`` rounded by the largest remainder rule (ties to the lower
+index), so the counts sum to ``L`` and each is within one row of ``L * w_i`` and at most
+``N_i``. Position ``p`` of the epoch's ``L`` belongs to dataset ``i`` when
+``start_i <= p < start_i + n_i`` (the blocks in the order of ``source``); the loader's uniform
+permutation of the ``L`` positions then interleaves the datasets, exactly ``n_i`` rows of each
+per epoch. Within dataset ``i``, epoch ``e`` reads the first ``n_i`` rows of a permutation of its
+``N_i`` rows seeded by ``(seed, i)`` and ``e`` (:func:`dataset_seed`): no row twice in an epoch,
+another sample each epoch, so rows repeat across epochs only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["dataset_seed", "epoch_length", "mixture_counts"]
+
+
+def epoch_length(weights: Sequence[float], sizes: Sequence[int]) -> int:
+    """``L = min_i floor(N_i / w_i)`` rows (computed in integers where the float would round up
+    past a dataset's size)."""
+    length = min(math.floor(size / weight) for weight, size in zip(weights, sizes, strict=True))
+    while any(math.ceil(length * w) > n for w, n in zip(weights, sizes, strict=True)):
+        length -= 1  # float rounding of size / weight; never more than a step or two
+    return length
+
+
+def mixture_counts(weights: Sequence[float], length: int) -> np.ndarray:
+    """The rows of each dataset in an epoch of ``length`` rows: the largest remainder rounding
+    of ``length * w_i`` (ties to the lower index), summing to ``length`` (``int64``)."""
+    shares = np.array([length * w for w in weights], dtype=np.float64)
+    counts = np.floor(shares).astype(np.int64)
+    short = length - int(counts.sum())
+    order = np.argsort(-(shares - counts), kind="stable")
+    counts[order[:short]] += 1
+    return counts
+
+
+def dataset_seed(seed: int, index: int) -> int:
+    """The seed of dataset ``index``'s permutations (``< 2**63``): from ``SeedSequence([seed,
+    index])``, so datasets shuffle independently of each other and of the epoch's order."""
+    state = np.random.SeedSequence([seed, index, 0x6D6978]).generate_state(1, np.uint64)
+    return int(state[0] >> np.uint64(1))

@@ -1,0 +1,306 @@
+"""Several datasets as one: a list ``source`` read as the concatenation (one local dataset and one
+on the test S3 server, each with its own storage options), and a weighted mixture (``weights=``).
+Every guarantee of one dataset holds over the whole: every (dataset, id) once an epoch, ranks,
+resume and elastic resume, the state naming every dataset and version.
+
+The local dataset's ids are ``LOCAL + position`` and the S3 dataset's ids its positions, so an id
+names its dataset: global position ``p`` is local row ``p`` below ``LOCAL_ROWS``, else S3 row
+``p - LOCAL_ROWS``.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from support.contracts import check_resume
+from support.fakes import ids_table
+from support.helpers import WORKERS, batch_ids, collect
+from torch.utils.data import ChainDataset, DataLoader
+
+from lance_prefetch import PrefetchLoader, _multi
+from lance_prefetch._mixture import epoch_length, mixture_counts
+from lance_prefetch.permutation import make_permutation
+
+LOCAL, LOCAL_ROWS, S3_ROWS = 10_000, 130, 70  # 200 rows: 20 batches of 10, 10 a rank of 2
+
+
+def write_shifted(path, num_rows: int, base: int, **kwargs) -> str:
+    """:func:`ids_table` rows with ids ``base + position`` (in fragments of 40 rows)."""
+    table = ids_table(num_rows)
+    table = table.set_column(0, "id", pa.array(np.arange(base, base + num_rows, dtype=np.int64)))
+    lance.write_dataset(table, str(path), max_rows_per_file=40, **kwargs)
+    return str(path)
+
+
+@pytest.fixture
+def two(tmp_path, s3, fresh_s3_ids):
+    """``(sources, storage_options)``: the local dataset, then the S3 one (fragments of 30)."""
+    local = write_shifted(tmp_path / "local.lance", LOCAL_ROWS, LOCAL)
+    return [local, fresh_s3_ids(S3_ROWS, rows_per_file=30)], [None, s3.storage_options()]
+
+
+def concat(two, **kwargs) -> PrefetchLoader:
+    sources, options = two
+    return PrefetchLoader(sources, 10, columns=["id"], storage_options=options, seed=3, **kwargs)
+
+
+def ids_at(positions) -> list[int]:
+    """The ids at global positions of the concatenation."""
+    return [LOCAL + p if p < LOCAL_ROWS else p - LOCAL_ROWS for p in np.asarray(positions).tolist()]
+
+
+def planned(loader: PrefetchLoader, rank: int, epoch: int) -> list[list[int]]:
+    plan = loader.epoch_plan(epoch)
+    return [ids_at(batch.indices) for batch in plan.rank_batches(rank)]
+
+
+@pytest.mark.timeout(60)
+def test_local_and_s3_concatenated_read_every_row_once_on_1_and_2_ranks(two):
+    everything = sorted([LOCAL + i for i in range(LOCAL_ROWS)] + list(range(S3_ROWS)))
+    for world_size in (1, 2):
+        seen = []
+        for rank in range(world_size):
+            loader = concat(two, rank=rank, world_size=world_size)
+            assert loader.num_rows == 200 and loader.version == (1, 1)
+            got = collect(loader, epoch=1)
+            assert len(got) == 20 // world_size and all(len(b) == 10 for b in got)
+            assert got == planned(loader, rank, 1)
+            seen += [i for batch in got for i in batch]
+        assert sorted(seen) == everything  # each (dataset, id) once: ids name their dataset
+    state = loader.state_dict()
+    assert state["format_version"] == 4 and state["weights"] is None
+    assert state["datasets"] == [
+        {"uri": two[0][0], "version": 1, "num_rows": LOCAL_ROWS},
+        {"uri": two[0][1], "version": 1, "num_rows": S3_ROWS},
+    ]
+    assert (state["uri"], state["version"], state["num_rows"]) == (two[0][0], 1, 200)
+
+
+@pytest.mark.timeout(60)
+def test_concatenation_resumes_mid_epoch_and_on_another_world_size(two):
+    check_resume(lambda: concat(two), midpoint=7, epoch=2)
+    first = concat(two, rank=0, world_size=2)
+    first.set_epoch(2)
+    iterator = iter(first)
+    head = [next(iterator)["id"].tolist() for _ in range(3)]  # global batches 0, 2, 4
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    assert head == planned(first, 0, 2)[:3] and state["position"] == 6
+    alone = concat(two)
+    alone.load_state_dict(state)
+    plan = alone.epoch_plan(2)
+    assert batch_ids(alone) == [ids_at(batch.indices) for batch in plan.rank_batches(0)][6:]
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_across_datasets_is_one_take_per_dataset_in_the_plans_order(two):
+    loader = concat(two, coalesce=1, readahead=1, max_in_flight=1)
+    takes = []
+    for index, inner in enumerate(loader._source.sources):
+        read = inner.take
+        inner.take = lambda rows, read=read, index=index: (
+            takes.append((index, len(rows))) or read(rows)
+        )
+    first = next(iter(loader))["id"].tolist()
+    loader.close()
+    assert first == planned(loader, 0, 0)[0]
+    local = sum(i >= LOCAL for i in first)
+    assert 0 < local < 10  # the batch holds rows of both datasets (seed 3)
+    assert takes[:2] == [(0, local), (1, 10 - local)]
+
+
+@pytest.mark.timeout(60)
+def test_a_resume_over_another_list_of_datasets_is_refused_naming_the_difference(two, tmp_path):
+    state = concat(two).state_dict()
+    other = write_shifted(tmp_path / "other.lance", LOCAL_ROWS, LOCAL)
+    sources, options = two
+    with pytest.raises(ValueError) as error:
+        PrefetchLoader([other, sources[1]], 10, storage_options=options, seed=3).load_state_dict(
+            state
+        )
+    assert str(error.value) == (
+        f"state does not match this loader: datasets[0] is {sources[0]!r} version 1 in the state "
+        f"but {other!r} version 1 in this loader. Build the loader with the state's values to "
+        f"resume, or start without load_state_dict"
+    )
+    with pytest.raises(ValueError, match=r"the state reads 2 datasets \(.*\) but this loader 1"):
+        PrefetchLoader([sources[0]], 10, seed=3).load_state_dict(state)
+    single = PrefetchLoader(sources[0], 10, seed=3).state_dict()
+    with pytest.raises(ValueError, match=r"^state does not match this loader: datasets is None in"):
+        PrefetchLoader([sources[0]], 10, seed=3).load_state_dict(single)
+
+
+def test_a_column_of_another_type_is_refused_naming_dataset_column_and_both_types(tmp_path):
+    first = write_shifted(tmp_path / "a.lance", 20, 0)
+    table = ids_table(20)
+    lance.write_dataset(
+        table.set_column(2, "label", table["label"].cast(pa.int32())), tmp_path / "b"
+    )
+    second = str(tmp_path / "b")
+    with pytest.raises(ValueError) as error:
+        PrefetchLoader([first, second], 4)
+    assert str(error.value) == (
+        f"source[1] ({second!r} version 1): column 'label' is int32 there but int64 in "
+        f"source[0] ({first!r}); every dataset must hold the columns read with the same type: "
+        f"cast it (e.g. with LanceDataset.alter_columns), or leave it out of columns"
+    )
+    assert PrefetchLoader([first, second], 4, columns=["id", "vector"]).num_rows == 40
+    strict = pa.schema([pa.field("x", pa.float64(), nullable=False)])
+    lance.write_dataset(pa.table({"x": [7.0, 8.0]}, schema=strict), tmp_path / "strict")
+    lance.write_dataset(pa.table({"x": [9.0, None]}), tmp_path / "nulls")
+    loader = PrefetchLoader([str(tmp_path / "strict"), str(tmp_path / "nulls")], 4, shuffle=False)
+    (batch,) = list(loader)  # nullability aside: the union is nullable, the null a NaN
+    assert batch["x"].tolist()[:3] == [7.0, 8.0, 9.0] and np.isnan(batch["x"][3].item())
+    lance.write_dataset(table.select(["id"]), tmp_path / "c")
+    with pytest.raises(ValueError, match=r"^source\[1\]: columns \['vector', 'label'\] are not in"):
+        PrefetchLoader([first, str(tmp_path / "c")], 4)
+
+
+def test_lists_of_options_must_match_the_list_of_datasets(ids_25):
+    with pytest.raises(ValueError) as error:
+        PrefetchLoader([ids_25, ids_25], 4, version=[1, 1, 1])
+    assert str(error.value) == (
+        "version lists 3 values, but source lists 2 datasets; give one per dataset, in the "
+        "order of source (or one value for all)"
+    )
+    with pytest.raises(ValueError, match=r"^storage_options is a list, which applies to a list "):
+        PrefetchLoader(ids_25, 4, storage_options=[{}])
+    with pytest.raises(ValueError, match=r"^weights is a list, which applies to a list of datas"):
+        PrefetchLoader(ids_25, 4, weights=[1, 2])
+    with pytest.raises(ValueError, match=r"^weights\[1\] should be a finite number > 0, but got 0"):
+        PrefetchLoader([ids_25, ids_25], 4, weights=[1, 0])
+    with pytest.raises(ValueError, match=r"^weights mixes datasets into shuffled epochs, but shu"):
+        PrefetchLoader([ids_25, ids_25], 4, weights=[1, 1], shuffle=False)
+    with pytest.raises(ValueError, match=r"^source is an empty list"):
+        PrefetchLoader([], 4)
+
+
+def test_each_dataset_has_its_own_filter_and_cache(tmp_path):
+    first, second = (
+        write_shifted(tmp_path / "a.lance", 50, LOCAL),
+        write_shifted(tmp_path / "b.lance", 30, 0),
+    )
+    loader = PrefetchLoader([first, second], 4, filter="label < 3", cache="memory", drop_last=False)
+    assert loader.num_rows == 15 + 9  # labels are position % 10 in each
+    ids = sorted(i for batch in batch_ids(loader) for i in batch)
+    assert ids == sorted(
+        [LOCAL + i for i in range(50) if i % 10 < 3] + [i for i in range(30) if i % 10 < 3]
+    )
+    assert [inner.cached for inner in loader._source.sources] == [True, True]
+    assert len(pickle.dumps(loader)) < 8_000  # small: URIs, versions, the offsets; never a dataset
+
+
+@pytest.mark.timeout(60)
+def test_two_dataloader_workers_read_the_concatenation_and_a_mixture_as_planned(tmp_path):
+    """One DataLoader (2 forkserver workers) over the concatenation, then a mixture of the same
+    two datasets (0.5 / 0.5 of 50 and 30 rows: 60 a epoch, 7 batches of 8): each worker's loader
+    arrives pickled, reads its share, and the DataLoader hands them out in the plans' order."""
+    paths = [
+        write_shifted(tmp_path / "a.lance", 50, LOCAL),
+        write_shifted(tmp_path / "b.lance", 30, 0),
+    ]
+    both = PrefetchLoader(paths, 8, columns=["id"], seed=1)
+    mixed = PrefetchLoader(paths, 8, columns=["id"], seed=1, weights=[1, 1])
+    mixed.set_epoch(2)
+    expected = [[LOCAL + p if p < 50 else p - 50 for p in b.indices.tolist()]
+                for b in both.epoch_plan(0).rank_batches(0)]  # fmt: skip
+    expected_mixed = batch_ids(mixed)  # read in this process: the reference
+    assert len(expected) == 10 and len(expected_mixed) == 7
+    mixed.set_epoch(2)  # again: the workers read epoch 2 too
+    loader = DataLoader(ChainDataset([both, mixed]), batch_size=None, num_workers=2,
+                        multiprocessing_context=WORKERS)  # fmt: skip
+    assert batch_ids(loader) == expected + expected_mixed
+
+
+def test_the_mixture_rule_sets_the_epoch_length_and_counts():
+    assert epoch_length([0.7, 0.3], [70, 60]) == 100  # the first dataset binds
+    assert mixture_counts([0.7, 0.3], 100).tolist() == [70, 30]
+    assert epoch_length([0.7, 0.3], [100, 60]) == 142
+    assert mixture_counts([0.7, 0.3], 142).tolist() == [99, 43]  # 99.4, 42.6: largest remainder
+    assert epoch_length([0.5, 0.5], [10, 1000]) == 20
+    weights = [1 / 3] * 3
+    assert mixture_counts(weights, epoch_length(weights, [7, 7, 9])).tolist() == [7, 7, 7]
+
+
+def mixture(paths, **kwargs) -> PrefetchLoader:
+    return PrefetchLoader(paths, 10, columns=["id"], weights=[0.7, 0.3], seed=5, **kwargs)
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    """70 rows (ids 10,000+) and 60 rows (ids 0+), read 0.7 / 0.3: 100 a epoch, 70 and 30."""
+    return [
+        write_shifted(tmp_path / "a.lance", 70, LOCAL),
+        write_shifted(tmp_path / "b.lance", 60, 0),
+    ]
+
+
+def test_a_mixture_reads_exact_proportions_each_epoch_without_repeats(mixed, monkeypatch):
+    built = []
+    monkeypatch.setattr(
+        _multi, "make_permutation", lambda *a: built.append(a) or make_permutation(*a)
+    )
+    samples = []
+    for epoch in (0, 1):
+        seen = []
+        for rank in (0, 1):
+            loader = mixture(mixed, rank=rank, world_size=2)
+            assert loader.num_rows == 100
+            got = collect(loader, epoch=epoch)
+            assert len(got) == 5 and all(len(b) == 10 for b in got)
+            seen += [i for batch in got for i in batch]
+        assert len(set(seen)) == 100  # no row twice in an epoch
+        assert sorted(i for i in seen if i >= LOCAL) == list(range(LOCAL, LOCAL + 70))  # all
+        small = sorted(i for i in seen if i < LOCAL)
+        assert len(small) == 30 and set(small) <= set(range(60))
+        samples.append(small)
+    assert samples[0] != samples[1]  # another 30 of the 60 each epoch
+    assert [(kind, size, epoch) for kind, size, _, epoch in built] == [
+        ("auto", size, epoch) for epoch in (0, 1) for _rank in (0, 1) for size in (70, 60)
+    ]  # each dataset's sample built once an iteration, not once a take
+    state = loader.state_dict()
+    assert state["weights"] == [0.7, 0.3] and [d["num_rows"] for d in state["datasets"]] == [70, 60]
+
+
+def test_a_mixture_resumes_exactly_and_refuses_other_weights(mixed):
+    check_resume(lambda: mixture(mixed), midpoint=4, epoch=1)
+    first = mixture(mixed, rank=1, world_size=2)  # elastic: 2 ranks, then 1
+    first.set_epoch(1)
+    iterator = iter(first)
+    head = [next(iterator)["id"].tolist() for _ in range(2)]
+    elastic = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    alone = mixture(mixed)
+    alone.load_state_dict(elastic)
+    whole = mixture(mixed)
+    whole.set_epoch(1)
+    reference = batch_ids(whole)
+    assert head == reference[1:4:2] and batch_ids(alone) == reference[4:]
+    with pytest.raises(ValueError, match=r"^weights lists 3 values, but source lists 2 datas"):
+        PrefetchLoader(mixed, 10, weights=[1, 1, 1])
+    state = mixture(mixed).state_dict()
+    with pytest.raises(ValueError, match=r"weights is \[0\.7, 0\.3\] in the state but \[0\.6"):
+        PrefetchLoader(mixed, 10, columns=["id"], weights=[0.6, 0.4], seed=5).load_state_dict(state)
+
+
+def test_each_dataset_is_pinned_to_its_own_version_at_construction(tmp_path):
+    first = write_shifted(tmp_path / "a.lance", 20, LOCAL)
+    lance.write_dataset(ids_table(5), first, mode="append")  # version 2: 25 rows
+    second = write_shifted(tmp_path / "b.lance", 10, 0)
+    loader = PrefetchLoader([first, second], 6, columns=["id"], version=[1, None], shuffle=False)
+    lance.write_dataset(ids_table(3), second, mode="append")  # after construction: not read
+    assert (loader.num_rows, loader.version) == (30, (1, 1))
+    ids = [i for batch in batch_ids(loader) for i in batch]
+    assert ids == [LOCAL + i for i in range(20)] + list(range(10))
+    state = loader.state_dict()
+    assert [(d["version"], d["num_rows"]) for d in state["datasets"]] == [(1, 20), (1, 10)]
+    latest = PrefetchLoader([first, second], 6, columns=["id"], version=[2, 1], shuffle=False)
+    with pytest.raises(
+        ValueError, match=r"datasets\[0\] is .* version 1 in the state but .* version 2"
+    ):
+        latest.load_state_dict(state)
