@@ -14,6 +14,7 @@ from lance_prefetch import _demo as demo
 
 @pytest.mark.system
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # the subprocess is bounded at 300 s
 def test_demo_learns_and_reports_throughput(tmp_path):
     """Acceptance 9: the demo's held-out accuracy is far above chance (10%) after 3 epochs, and
     every epoch line carries rows/s and the wait fraction."""
