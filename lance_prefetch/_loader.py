@@ -71,7 +71,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         max_in_flight (int | str, optional): the most ``take`` calls at once, ``>= 1``,
             ``<= readahead`` if both are ints; ``"auto"``: tuned. Default: ``4``.
         drop_last (bool, optional): ``True``: full batches, the permutation's tail left out;
-            ``False``: every row (padded by wrapping around when shuffling). Default: ``None``:
+            ``False``: every row, the last batch maybe short (shuffled: a round padded by
+            wrapping around, so every rank gets as many batches). Default: ``None``:
             ``True``, or ``False`` with ``shuffle=False``.
         shuffle (bool, optional): ``False``: the dataset's own order, every epoch (for
             evaluation): with ``drop_last=False`` every row exactly once across ranks and

@@ -100,7 +100,9 @@ class Split:
         by (str, optional): ``"position"``: exact sizes (:func:`split_sizes`), by position in a
             seeded permutation of the rows, changed by any change to the rows; or the name of an
             integer, string or binary column: each row's part from a hash of its value (stable
-            under appends, equal keys in one part, sizes approximate). Default: ``"position"``.
+            under appends, equal keys in one part, sizes approximate). Default: ``"position"``
+            (so a column named ``position`` cannot be the key: rename it, e.g. with
+            ``add_columns``).
 
     Raises:
         TypeError: a field has the wrong type.
