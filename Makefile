@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-system install clean nginx
+.PHONY: demo test test-system bench install clean nginx
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ test: $(STAMP) nginx
 
 test-system: $(STAMP) nginx
 	$(PY) -m pytest -m system
+
+# The benchmark on an emulated S3 (nginx + rclone on 127.0.0.1; installs nginx-light if missing).
+bench: $(STAMP) nginx
+	$(PY) -m lance_prefetch bench --local-s3
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache *.egg-info
