@@ -161,6 +161,18 @@ def test_a_column_of_another_type_is_refused_naming_dataset_column_and_both_type
         PrefetchLoader([first, str(tmp_path / "c")], 4)
 
 
+def test_weights_take_numpy_numbers_and_arrays(ids_25):
+    # np.int64 is a number (numbers.Integral); a 1-D array is a list of them
+    for weights in ([np.int64(3), 1], np.array([3, 1]), np.array([0.75, 0.25])):
+        loader = PrefetchLoader([ids_25, ids_25], 4, weights=weights)
+        assert loader.state_dict()["weights"] == [0.75, 0.25]
+    with pytest.raises(TypeError, match=r"^weights\[0\] should be a number, but got True"):
+        PrefetchLoader([ids_25, ids_25], 4, weights=[True, 1])
+    with pytest.raises(ValueError) as error:  # one weight value is no fix: weights needs a list
+        PrefetchLoader(ids_25, 4, weights=[1, 2])
+    assert str(error.value).endswith("pass source=[uri_a, uri_b, ...] or leave weights out")
+
+
 def test_lists_of_options_must_match_the_list_of_datasets(ids_25):
     with pytest.raises(ValueError) as error:
         PrefetchLoader([ids_25, ids_25], 4, version=[1, 1, 1])
