@@ -202,7 +202,24 @@ def check_filter(value: Any) -> str | None:
         raise TypeError(f"filter should be {example}, or None, but got filter={value!r}")
     if not value.strip():
         raise ValueError(f"filter should be {example}, or None for every row, but got {value!r}")
+    if _unquoted_semicolon(value.rstrip().rstrip(";")):  # Lance reads the first statement only
+        raise ValueError(
+            f"filter={value!r} holds a ';', but a filter is one predicate: Lance would read only "
+            f"what comes before it and silently ignore the rest; join the conditions with AND "
+            f'(e.g. "label = 3 AND score > 0.5")'
+        )
     return value
+
+
+def _unquoted_semicolon(text: str) -> bool:
+    """Whether ``text`` has a ``;`` outside '...' strings, "..." and `...` identifiers."""
+    quote = None
+    for char in text:
+        if quote is None and char == ";":
+            return True
+        if char in "'\"`":
+            quote = char if quote is None else (None if char == quote else quote)
+    return False
 
 
 def check_names(name: str, value: Iterable[str] | None) -> tuple[str, ...] | None:
