@@ -237,6 +237,12 @@ def test_the_mixture_rule_sets_the_epoch_length_and_counts():
     assert epoch_length([0.5, 0.5], [10, 1000]) == 20
     weights = [1 / 3] * 3
     assert mixture_counts(weights, epoch_length(weights, [7, 7, 9])).tolist() == [7, 7, 7]
+    # weights 5:7 and 2:9 are not exact in floats (147 / (7 / 12) is 251.99..., 77 * (9 / 11)
+    # is 63.00...01): the binding dataset is still read whole, L = min floor(N_i / w_i) exactly
+    assert epoch_length([5 / 12, 7 / 12], [247, 147]) == 252
+    assert mixture_counts([5 / 12, 7 / 12], 252).tolist() == [105, 147]
+    assert epoch_length([2 / 11, 9 / 11], [275, 63]) == 77
+    assert mixture_counts([2 / 11, 9 / 11], 77).tolist() == [14, 63]
 
 
 def mixture(paths, **kwargs) -> PrefetchLoader:
