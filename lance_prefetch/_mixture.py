@@ -46,7 +46,9 @@ def mixture_counts(weights: Sequence[float], length: int) -> np.ndarray:
     shares = np.array([length * w for w in weights], dtype=np.float64)
     counts = np.floor(shares).astype(np.int64)
     short = length - int(counts.sum())
-    order = np.argsort(-(shares - counts), kind="stable")
+    # remainders to 1e-6: 371 * (3 / 14) is 79.49999... and 371 * (9 / 14) 238.50000...3, a tie
+    # float noise would break; the rule breaks it to the lower index
+    order = np.argsort(-np.round(shares - counts, 6), kind="stable")
     counts[order[:short]] += 1
     return counts
 

@@ -243,6 +243,9 @@ def test_the_mixture_rule_sets_the_epoch_length_and_counts():
     assert mixture_counts([5 / 12, 7 / 12], 252).tolist() == [105, 147]
     assert epoch_length([2 / 11, 9 / 11], [275, 63]) == 77
     assert mixture_counts([2 / 11, 9 / 11], 77).tolist() == [14, 63]
+    # a tie of remainders (79.5, 53, 238.5) goes to the lower index, whatever the float noise
+    assert mixture_counts([3 / 14, 2 / 14, 9 / 14], 371).tolist() == [80, 53, 238]
+    assert mixture_counts([10 / 24, 4 / 24, 10 / 24], 244).tolist() == [102, 41, 101]
 
 
 def mixture(paths, **kwargs) -> PrefetchLoader:
