@@ -398,8 +398,11 @@ def test_key_hashes_are_the_documented_formula():
                                                "names to fractions, such as {'train': 0.9, 'validation': 0.1}, but got fractions=[0.9, 0.1]"),
         ({"seed": -1}, ValueError, "Split seed should be an integer >= 0, but got Split seed=-1"),
         ({"by": ""}, ValueError, "Split by should be 'position' or a column name, but got by=''"),
+        ({"fractions": {"train": 0.9 + 4e-9, "validation": 0.1}}, ValueError,
+         "Split fractions should sum to 1, but {'train': 0.900000004, 'validation': 0.1} sum "
+         "to 1.000000004; lower the fractions"),
     ],
-    ids=["sum", "name", "zero", "not-a-mapping", "seed", "by"],
+    ids=["sum", "name", "zero", "not-a-mapping", "seed", "by", "sum-above-one"],
 )  # fmt: skip
 def test_a_bad_split_is_refused_naming_the_field(options, error, message):
     fields = {"fractions": {"train": 0.9, "validation": 0.1}, "name": "train", **options}
