@@ -241,9 +241,10 @@ class LoaderConfig:
         if count is None:
             for name in ("storage_options", "version", "weights"):
                 if isinstance(getattr(self, name), tuple):
+                    fix = "leave weights out" if name == "weights" else f"one {name} value"
                     raise ValueError(
                         f"{name} is a list, which applies to a list of datasets, but source is "
-                        f"one dataset; pass source=[uri_a, uri_b, ...] or one {name} value"
+                        f"one dataset; pass source=[uri_a, uri_b, ...] or {fix}"
                     )
             return [self.source_options]
         for name in ("storage_options", "version", "weights"):

@@ -28,10 +28,14 @@ __all__ = ["dataset_seed", "epoch_length", "mixture_counts"]
 
 
 def epoch_length(weights: Sequence[float], sizes: Sequence[int]) -> int:
-    """``L = min_i floor(N_i / w_i)`` rows (computed in integers where the float would round up
-    past a dataset's size)."""
-    length = min(math.floor(size / weight) for weight, size in zip(weights, sizes, strict=True))
-    while any(math.ceil(length * w) > n for w, n in zip(weights, sizes, strict=True)):
+    """``L = min_i floor(N_i / w_i)`` rows. Weights like ``7 / 12`` are not exact in floats:
+    ``147 / (7 / 12)`` is ``251.99...`` and ``252 * (7 / 12)`` is ``147.00...03``, so the
+    quotient is nudged up by a relative ``1e-12`` and ``L`` lowered only while an epoch's
+    counts (:func:`mixture_counts`) would exceed a dataset's rows."""
+    length = min(
+        math.floor(size / weight * (1 + 1e-12)) for weight, size in zip(weights, sizes, strict=True)
+    )
+    while (mixture_counts(weights, length) > np.asarray(sizes)).any():
         length -= 1  # float rounding of size / weight; never more than a step or two
     return length
 
@@ -42,7 +46,9 @@ def mixture_counts(weights: Sequence[float], length: int) -> np.ndarray:
     shares = np.array([length * w for w in weights], dtype=np.float64)
     counts = np.floor(shares).astype(np.int64)
     short = length - int(counts.sum())
-    order = np.argsort(-(shares - counts), kind="stable")
+    # remainders to 1e-6: 371 * (3 / 14) is 79.49999... and 371 * (9 / 14) 238.50000...3, a tie
+    # float noise would break; the rule breaks it to the lower index
+    order = np.argsort(-np.round(shares - counts, 6), kind="stable")
     counts[order[:short]] += 1
     return counts
 

@@ -202,7 +202,24 @@ def check_filter(value: Any) -> str | None:
         raise TypeError(f"filter should be {example}, or None, but got filter={value!r}")
     if not value.strip():
         raise ValueError(f"filter should be {example}, or None for every row, but got {value!r}")
+    if _unquoted_semicolon(value.rstrip().rstrip(";")):  # Lance reads the first statement only
+        raise ValueError(
+            f"filter={value!r} holds a ';', but a filter is one predicate: Lance would read only "
+            f"what comes before it and silently ignore the rest; join the conditions with AND "
+            f'(e.g. "label = 3 AND score > 0.5")'
+        )
     return value
+
+
+def _unquoted_semicolon(text: str) -> bool:
+    """Whether ``text`` has a ``;`` outside '...' strings, "..." and `...` identifiers."""
+    quote = None
+    for char in text:
+        if quote is None and char == ";":
+            return True
+        if char in "'\"`":
+            quote = char if quote is None else (None if char == quote else quote)
+    return False
 
 
 def check_names(name: str, value: Iterable[str] | None) -> tuple[str, ...] | None:
@@ -357,23 +374,25 @@ def check_weights(value: Any, *, shuffle: bool) -> tuple[float, ...] | None:
     if value is None:
         return None
     example = "e.g. weights=[0.7, 0.3] for source=[uri_a, uri_b]"
+    if hasattr(value, "tolist") and not isinstance(value, Sequence):  # numpy, torch: 1-D
+        value = value.tolist()
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
         raise TypeError(f"weights should be a list of numbers, one per dataset ({example}), "
                         f"but got {value!r}")  # fmt: skip
-    numbers = []
+    floats = []
     for i, weight in enumerate(value):
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
             raise TypeError(f"weights[{i}] should be a number, but got {weight!r} ({example})")
         if not math.isfinite(weight) or weight <= 0:
             raise ValueError(f"weights[{i}] should be a finite number > 0, but got {weight!r}; "
                              f"leave a dataset out of source rather than weigh it 0")  # fmt: skip
-        numbers.append(float(weight))
-    if len(numbers) < 2:
+        floats.append(float(weight))
+    if len(floats) < 2:
         raise ValueError(f"weights should list at least two numbers, but got {value!r} ({example})")
     if not shuffle:
         raise ValueError(
             "weights mixes datasets into shuffled epochs, but shuffle=False reads in order; "
             "leave weights out to read the datasets' concatenation in order"
         )
-    total = math.fsum(numbers)
-    return tuple(weight / total for weight in numbers)
+    total = math.fsum(floats)
+    return tuple(weight / total for weight in floats)

@@ -320,8 +320,12 @@ def _check_fractions(fractions: Any) -> dict[str, float]:
         checked[name] = fraction
     total = math.fsum(checked.values())
     if abs(total - 1) > _TOLERANCE:
+        fix = (  # 12 digits: a sum of 1.000000004 is not printed as 1
+            f"add a part for the rest (e.g. 'rest': {1 - total:.12g}) if rows should be left out"
+            if total < 1
+            else "lower the fractions"
+        )
         raise ValueError(
-            f"Split fractions should sum to 1, but {checked} sum to {total:.6g}; add a part for "
-            f"the rest (e.g. 'rest': {1 - total:.6g}) if rows should be left out"
+            f"Split fractions should sum to 1, but {checked} sum to {total:.12g}; {fix}"
         )
     return dict(sorted(checked.items()))

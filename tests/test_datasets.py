@@ -161,6 +161,18 @@ def test_a_column_of_another_type_is_refused_naming_dataset_column_and_both_type
         PrefetchLoader([first, str(tmp_path / "c")], 4)
 
 
+def test_weights_take_numpy_numbers_and_arrays(ids_25):
+    # np.int64 is a number (numbers.Integral); a 1-D array is a list of them
+    for weights in ([np.int64(3), 1], np.array([3, 1]), np.array([0.75, 0.25])):
+        loader = PrefetchLoader([ids_25, ids_25], 4, weights=weights)
+        assert loader.state_dict()["weights"] == [0.75, 0.25]
+    with pytest.raises(TypeError, match=r"^weights\[0\] should be a number, but got True"):
+        PrefetchLoader([ids_25, ids_25], 4, weights=[True, 1])
+    with pytest.raises(ValueError) as error:  # one weight value is no fix: weights needs a list
+        PrefetchLoader(ids_25, 4, weights=[1, 2])
+    assert str(error.value).endswith("pass source=[uri_a, uri_b, ...] or leave weights out")
+
+
 def test_lists_of_options_must_match_the_list_of_datasets(ids_25):
     with pytest.raises(ValueError) as error:
         PrefetchLoader([ids_25, ids_25], 4, version=[1, 1, 1])
@@ -225,6 +237,15 @@ def test_the_mixture_rule_sets_the_epoch_length_and_counts():
     assert epoch_length([0.5, 0.5], [10, 1000]) == 20
     weights = [1 / 3] * 3
     assert mixture_counts(weights, epoch_length(weights, [7, 7, 9])).tolist() == [7, 7, 7]
+    # weights 5:7 and 2:9 are not exact in floats (147 / (7 / 12) is 251.99..., 77 * (9 / 11)
+    # is 63.00...01): the binding dataset is still read whole, L = min floor(N_i / w_i) exactly
+    assert epoch_length([5 / 12, 7 / 12], [247, 147]) == 252
+    assert mixture_counts([5 / 12, 7 / 12], 252).tolist() == [105, 147]
+    assert epoch_length([2 / 11, 9 / 11], [275, 63]) == 77
+    assert mixture_counts([2 / 11, 9 / 11], 77).tolist() == [14, 63]
+    # a tie of remainders (79.5, 53, 238.5) goes to the lower index, whatever the float noise
+    assert mixture_counts([3 / 14, 2 / 14, 9 / 14], 371).tolist() == [80, 53, 238]
+    assert mixture_counts([10 / 24, 4 / 24, 10 / 24], 244).tolist() == [102, 41, 101]
 
 
 def mixture(paths, **kwargs) -> PrefetchLoader:

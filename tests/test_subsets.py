@@ -205,8 +205,11 @@ def test_a_filter_matching_nothing_is_refused(holey):
                               "values, not booleans;"),
         ("  ", ValueError, "filter should be a Lance SQL predicate such as \"label = 3\""),
         (3, TypeError, "filter should be a Lance SQL predicate such as \"label = 3\""),
+        ("label = 3; id > 9", ValueError, "filter='label = 3; id > 9' holds a ';', but a filter "
+                                          "is one predicate: Lance would read only what comes"),
     ],
-    ids=["bad-sql", "unknown-column", "row-id", "not-a-predicate", "blank", "not-a-string"],
+    ids=["bad-sql", "unknown-column", "row-id", "not-a-predicate", "blank", "not-a-string",
+         "two-statements"],
 )  # fmt: skip
 def test_a_bad_filter_is_refused_naming_it_and_lances_message(holey, predicate, error, start):
     with pytest.raises(error) as info:
@@ -217,6 +220,13 @@ def test_a_bad_filter_is_refused_naming_it_and_lances_message(holey, predicate, 
             "It must be a Lance SQL predicate over the dataset's columns ['id', 'vector', "
             "'label'], as LanceDataset.scanner(filter=...) takes"
         )
+
+
+def test_a_semicolon_in_a_string_or_at_the_end_is_no_second_statement(holey, live):
+    # Lance drops what follows a ';' ("label = 3; id > 9" reads label = 3): refused, unless quoted
+    matching = PrefetchLoader(holey, 1, filter="label = 3 AND ';' = ';'", drop_last=False)
+    assert matching.num_rows == PrefetchLoader(holey, 1, filter="label = 3 ;").num_rows
+    assert matching.num_rows == int(np.count_nonzero(live["label"] == 3))
 
 
 def test_the_state_records_the_filter_and_split_and_refuses_others(holey):
@@ -388,8 +398,11 @@ def test_key_hashes_are_the_documented_formula():
                                                "names to fractions, such as {'train': 0.9, 'validation': 0.1}, but got fractions=[0.9, 0.1]"),
         ({"seed": -1}, ValueError, "Split seed should be an integer >= 0, but got Split seed=-1"),
         ({"by": ""}, ValueError, "Split by should be 'position' or a column name, but got by=''"),
+        ({"fractions": {"train": 0.9 + 4e-9, "validation": 0.1}}, ValueError,
+         "Split fractions should sum to 1, but {'train': 0.900000004, 'validation': 0.1} sum "
+         "to 1.000000004; lower the fractions"),
     ],
-    ids=["sum", "name", "zero", "not-a-mapping", "seed", "by"],
+    ids=["sum", "name", "zero", "not-a-mapping", "seed", "by", "sum-above-one"],
 )  # fmt: skip
 def test_a_bad_split_is_refused_naming_the_field(options, error, message):
     fields = {"fractions": {"train": 0.9, "validation": 0.1}, "name": "train", **options}
