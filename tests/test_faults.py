@@ -19,6 +19,7 @@ from support.helpers import (
     collect,
     expected_rank_ids,
     loop_threads,
+    read_until_failure,
     wait_until,
 )
 from torch.utils.data import DataLoader
@@ -175,21 +176,15 @@ def test_an_s3_endpoint_stopped_mid_epoch_fails_within_the_retry_budget():
             retry=RetryPolicy(attempts=3, backoff=0.1, max_backoff=0.2),
         )
         expected = expected_rank_ids(loader)
-        received = []
-        with pytest.raises(BatchLoadError) as caught:
-            for batch in loader:
-                received.append(batch["id"].tolist())
-                if len(received) == 3:
-                    server.kill()
-                    server.wait(10)
-                    stopped = time.monotonic()
+        received, error, _, stopped = read_until_failure(
+            loader, 3, lambda: (server.kill(), server.wait(10))
+        )
         elapsed = time.monotonic() - stopped
     finally:
         server.kill()
         server.wait(10)
         server.stdout.close()
         server.stdin.close()
-    error = caught.value
     assert received == expected[: len(received)] and 3 <= len(received) <= 5
     assert error.position == len(received) and error.attempts == 3
     assert "error sending request" in str(error)

@@ -30,9 +30,9 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
 from support.faultproxy import FaultProxy, Rule
-from support.helpers import batch_ids, expected_rank_ids, wait_until
+from support.helpers import batch_ids, expected_rank_ids, read_until_failure, wait_until
 
-from lance_prefetch import BatchLoadError, PrefetchLoader, RetryPolicy
+from lance_prefetch import PrefetchLoader, RetryPolicy
 
 #: Lance's own retries in these tests: one retry per request (object_store waits 0.1 s first), a
 #: retry timeout that never cuts in, and no retries by the request-rate limiter.
@@ -241,18 +241,11 @@ def test_a_store_gone_for_good_fails_within_the_bound_and_leaves_no_thread(s3, s
         retry=policy, storage_options=through(s3, faults),
     )  # fmt: skip
     expected = expected_rank_ids(loader)
-    received = []
-    with pytest.raises(BatchLoadError) as caught:
-        for batch in loader:
-            received.append(batch["id"].tolist())
-            if len(received) == 3:
-                faults.refuse()
-                gone = time.monotonic()
+    received, error, _, gone = read_until_failure(loader, 3, faults.refuse)
     elapsed = time.monotonic() - gone
     started = time.monotonic()
     loader.close()
     closing = time.monotonic() - started
-    error = caught.value
     assert 3 <= len(received) <= 3 + loader.readahead and received == expected[: len(received)]
     assert (error.epoch, error.position, error.num_rows, error.attempts) == (
         0,
@@ -340,19 +333,12 @@ def test_credentials_revoked_mid_epoch_fail_at_once_naming_the_dataset(
             storage_options=options,
         )  # fmt: skip
         expected = expected_rank_ids(loader)
-        received = []
-        with pytest.raises(BatchLoadError) as caught:
-            for batch in loader:
-                received.append(batch["id"].tolist())
-                if len(received) == 3:
-                    revoked = time.monotonic()
-                    revoke(s3, faults, key)
+        received, error, revoked, _ = read_until_failure(loader, 3, lambda: revoke(s3, faults, key))
         elapsed = time.monotonic() - revoked
     finally:
         keys = iam.list_access_keys(UserName="loader")["AccessKeyMetadata"]
         if key["AccessKeyId"] in [k["AccessKeyId"] for k in keys]:
             iam.delete_access_key(UserName="loader", AccessKeyId=key["AccessKeyId"])
-    error = caught.value
     assert received == expected[: len(received)] and error.position == len(received)
     assert error.attempts == 1
     assert isinstance(error.__cause__, PermissionError)

@@ -107,6 +107,26 @@ def loop_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
 
 
+def read_until_failure(
+    loader, after: int, fault
+) -> tuple[list[list[int]], BaseException, float, float]:
+    """Iterate ``loader`` collecting each batch's ids; after ``after`` batches call ``fault()``;
+    the iteration must then end with ``BatchLoadError``. Returns the ids read, the error, and the
+    ``time.monotonic()`` times at which ``fault()`` began and returned."""
+    from lance_prefetch import BatchLoadError
+
+    received: list[list[int]] = []
+    began = returned = float("nan")
+    with pytest.raises(BatchLoadError) as caught:
+        for batch in loader:
+            received.append(batch["id"].tolist())
+            if len(received) == after:
+                began = time.monotonic()
+                fault()
+                returned = time.monotonic()
+    return received, caught.value, began, returned
+
+
 def wait_until(condition, timeout: float = 5.0) -> bool:
     """Poll ``condition()`` every 10 ms until true or ``timeout`` seconds passed."""
     deadline = time.monotonic() + timeout
