@@ -345,9 +345,8 @@ class Prefetcher(Generic[T, R]):
                 it still works on this one). Default: ``True``.
 
         Raises:
-            StopIteration: the plan is exhausted (or the producer was cancelled) and every result
-                was delivered.
-            PrefetcherClosed: the item's fetch was cancelled by closing.
+            StopIteration: the plan is exhausted and every result was delivered.
+            PrefetcherClosed: closing cancelled the item's fetch, or the producer.
             RuntimeError: the producer itself crashed (a bug); the crash is ``__cause__``.
             FetchError: the item's ``fetch`` failed for good; its last error is ``__cause__``.
             BaseException: whatever ``process`` raised for this item (or a ``fetch`` raised that
@@ -362,6 +361,8 @@ class Prefetcher(Generic[T, R]):
             self._ready.put(END)
             if self._crash is not None:
                 raise RuntimeError("the prefetch producer crashed") from self._crash
+            if self._closing:  # the producer was cancelled: not the plan's end
+                raise PrefetcherClosed("the prefetcher was closed")
             raise StopIteration
         if not slot.is_set:
             self._budget.flush()  # about to wait, as above

@@ -188,6 +188,20 @@ def test_close_from_another_thread_ends_a_waiting_consumer():
     assert time.monotonic() - before < 2.0
 
 
+def test_a_close_from_another_thread_is_not_the_end_of_the_plan():
+    """The producer cancelled by close() ends a waiting next() with StopIteration, but the
+    iterator does not count as exhausted (its plan had 99 items left): a checkpoint must not save
+    the share as finished."""
+    iterator = BlockingPrefetcher(Prefetcher(range(100), FakeFetch(), readahead=1, max_in_flight=1))
+    assert iterator._next(release=False) == 0  # its token held: the producer waits for it
+    threading.Timer(0.2, iterator.close).start()
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert not iterator.exhausted
+    finished = BlockingPrefetcher(Prefetcher(range(3), FakeFetch(), readahead=2, max_in_flight=1))
+    assert list(finished) == [0, 10, 20] and finished.exhausted
+
+
 def test_bad_depths():
     with pytest.raises(ValueError, match=r"^max_in_flight should be <= readahead, but got max_in"):
         Prefetcher(range(3), FakeFetch(), readahead=2, max_in_flight=3)
