@@ -22,7 +22,7 @@ source (URI, version, options; a subset's offsets), never an open dataset.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -126,11 +126,6 @@ class ConcatSource:
     def options_repr(self) -> list[dict[str, str] | None]:  # type: ignore[override]
         """Each dataset's storage options, secret values hidden."""
         return [source.options_repr() for source in self.sources]
-
-    def scan(self) -> Iterator[pa.RecordBatch]:
-        """Each dataset's scan, in turn (as its :meth:`LanceSource.scan`)."""
-        for source in self.sources:
-            yield from source.scan()  # type: ignore[attr-defined]
 
 
 class MixtureSource(ConcatSource):

@@ -156,6 +156,8 @@ def _extract(table: Any, name: str) -> pa.Array:
 
 
 def _whole(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``column`` as one array: a ChunkedArray's only chunk (no copy), else its chunks combined
+    (a copy; a Lance take returns one chunk)."""
     if isinstance(column, pa.ChunkedArray):
         return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     return column

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ._projection import _whole
 from .convert import to_tensors
 
 __all__ = ["Flat", "IGNORE_INDEX", "check_pad_value", "flatten", "pack", "pad", "truncate"]
@@ -64,7 +65,7 @@ def flatten(sequences: Any, column: str) -> Flat:
         ValueError: a null row (``None``); the message names ``column`` and the row.
     """
     if isinstance(sequences, pa.ChunkedArray):
-        sequences = sequences.combine_chunks()  # one chunk (a Lance take): no copy
+        sequences = _whole(sequences)  # one chunk (a Lance take): no copy
     if isinstance(sequences, pa.Array):
         return _from_arrow(sequences, column)
     if isinstance(sequences, torch.Tensor):

@@ -66,6 +66,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from ._projection import _whole
+
 __all__ = ["check_schema", "fixed_row_bytes", "to_tensors"]
 
 # Arrow types torch has no (fully supported) dtype for: widened, with a copy.
@@ -216,15 +218,9 @@ def to_tensors(table: pa.Table) -> dict[str, Any]:
         TypeError: a column type has no conversion.
     """
     return {
-        name: _column(name, _one_array(column))
+        name: _column(name, _whole(column))
         for name, column in zip(table.column_names, table.columns, strict=True)
     }
-
-
-def _one_array(column: pa.ChunkedArray) -> pa.Array:
-    if column.num_chunks == 1:
-        return column.chunk(0)
-    return column.combine_chunks()  # copies; a Lance take returns one chunk
 
 
 def _column(name: str, array: pa.Array) -> Any:

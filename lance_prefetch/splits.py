@@ -58,7 +58,7 @@ import numpy as np
 import pyarrow as pa
 
 from ._validate import check_int
-from .permutation import index_dtype
+from .permutation import _M1, _M2, index_dtype
 
 __all__ = [
     "BY_POSITION",
@@ -76,8 +76,6 @@ BY_POSITION = "position"
 #: The ``spawn_key`` of the split's random stream: never one of an epoch's permutation.
 SPLIT_STREAM = 0x53504C54  # "SPLT"
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _P = np.uint64(0x100000001B3)
 _GOLDEN = 0x9E3779B97F4A7C15
 _TOLERANCE = 1e-9
