@@ -204,18 +204,18 @@ class EpochAudit:
         return report
 
     def _check_files(self, found: dict[Share, Path]) -> AuditReport:
-        shares, rules = [], []
+        shares, rules, counts = [], [], []
         for share, path in found.items():
             with np.load(path, allow_pickle=False) as data:
                 batches, rows, skip = data["counts"].tolist()
                 rules.append((share, json.loads(str(data["rule"]))))
             shares.append(share._replace(skip=skip))
+            counts.append((batches, rows))
         self._agree(rules)
 
-        def records() -> Iterator[Delivered]:
-            for path in found.values():
+        def records() -> Iterator[Delivered]:  # the bitmaps read one at a time
+            for path, (batches, rows) in zip(found.values(), counts, strict=True):
                 with np.load(path, allow_pickle=False) as data:
-                    batches, rows, _ = data["counts"].tolist()
                     yield Delivered(data["bits"], data["repeats"], batches, rows)
 
         return self._check(shares, records())

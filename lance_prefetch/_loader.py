@@ -365,9 +365,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             CoverageError: from the epoch's last ``next()``: the coverage audit failed.
         """
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
-        self.config.placement.check_worker(get_worker_info())  # none in DataLoader workers
-        self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
         worker = get_worker_info()
+        self.config.placement.check_worker(worker)  # none in DataLoader workers
+        self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
         ident = self._control.identify(worker)  # at iter(): the workers' counts stay in step
         every_rank = self._every_rank or reads_every_rank(self)
         iteration = LazyIteration(functools.partial(self._begin, worker, ident, every_rank))
