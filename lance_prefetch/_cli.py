@@ -56,8 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         "--columns", default="image,label", help="comma-separated: features..., label"
     )
     demo.add_argument("--batch-size", type=_positive_int, default=64)
-    demo.add_argument("--readahead", type=_depth, default=8, help="an integer, or auto")
-    demo.add_argument("--max-in-flight", type=_depth, default=4, help="an integer, or auto")
+    demo.add_argument(
+        "--readahead", type=_depth, default="auto", help="an integer, or auto (default)"
+    )
+    demo.add_argument(
+        "--max-in-flight", type=_depth, default="auto", help="an integer, or auto (default)"
+    )
     demo.add_argument(
         "--cache", choices=("none", "memory", "disk"), default="none",
         help="serve the epochs from a copy filled by one scan (default: none)",

@@ -16,7 +16,7 @@ from typing import Any
 
 from ._coalesce import TARGET_ROWS, coalesce_size
 from ._device import Placement, check_placement
-from ._tuning import START_LEVEL, START_LEVEL_MEMORY, DepthTuner
+from ._tuning import START_LEVEL, DepthTuner
 from ._validate import (
     check_bool,
     check_callable,
@@ -57,7 +57,11 @@ _CACHE_WORDS = {
     "disk": "a local copy under cache_dir",
     None: "no cache",
 }
-_IO_WORDS = {"default": "Lance's reader", "uring": "its io_uring reader, local files only"}
+_IO_WORDS = {
+    "auto": "io_uring for local files where the kernel allows it, else Lance's reader",
+    "default": "Lance's reader",
+    "uring": "its io_uring reader, local files only",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +75,8 @@ class SourceOptions:
             latest at construction.
         storage_options (Mapping[str, str], optional): passed to Lance as they are. Default:
             ``None``.
-        io (str, optional): ``"default"`` or ``"uring"``. Default: ``None``, by the URI.
+        io (str, optional): ``"auto"``, ``"default"`` or ``"uring"`` (``None`` is ``"auto"``).
+            Default: ``"auto"``.
 
     Raises:
         TypeError, ValueError: a field has the wrong type or value (the message names it).
@@ -80,14 +85,14 @@ class SourceOptions:
     columns: Sequence[str] | None = None
     version: int | str | None = None
     storage_options: Mapping[str, str] | None = None
-    io: str | None = None
+    io: str | None = "auto"
 
     def __post_init__(self) -> None:
         _set(self, "storage_options", check_str_mapping("storage_options", self.storage_options))
         _set(self, "columns", check_names("columns", self.columns))
         _set(self, "version", check_version("version", self.version))
-        _set(self, "io", check_choice("io", self.io, ("default", "uring"), none=True,
-                                      explain=_IO_WORDS))  # fmt: skip
+        io = check_choice("io", self.io, tuple(_IO_WORDS), none=True, explain=_IO_WORDS)
+        _set(self, "io", io or "auto")
 
 
 @dataclass(frozen=True)
@@ -125,8 +130,8 @@ class LoaderConfig:
     batch_size: int
     columns: Sequence[str] | None = None
     seed: int = 0
-    readahead: int | str = 8
-    max_in_flight: int | str = 4
+    readahead: int | str = "auto"
+    max_in_flight: int | str = "auto"
     drop_last: bool | None = None
     shuffle: bool = True
     rank: int | None = None
@@ -136,7 +141,7 @@ class LoaderConfig:
     transform: Callable[[dict[str, Any]], Any] | None = None
     retry: RetryPolicy | None = DEFAULT_RETRY
     permutation: str = "auto"
-    io: str | None = None
+    io: str | None = "auto"
     log_every_s: float | None = None
     coalesce: int | str = "auto"
     cache: str | None = None
@@ -287,7 +292,7 @@ class LoaderConfig:
                 max_buffer_bytes=self.max_buffer_bytes,
                 row_bytes=row_bytes,
                 batch_size=self.batch_size,
-                level=START_LEVEL_MEMORY if self.cache == "memory" else START_LEVEL,
+                level=START_LEVEL,
             )
         permutation = resolve_kind(self.permutation, num_rows) if self.shuffle else "identity"
         return Resolved(coalesce, permutation, tuner)
@@ -308,7 +313,7 @@ class MapDatasetConfig:
     version: int | str | None = None
     transform: Callable[[Any], Any] | None = None
     retry: RetryPolicy | None = DEFAULT_RETRY
-    io: str | None = None
+    io: str | None = "auto"
     source_options: SourceOptions = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

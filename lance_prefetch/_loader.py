@@ -67,9 +67,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         seed (int, optional): base seed, ``>= 0``, the same on every rank. Default: ``0``.
         readahead (int | str, optional): the most batches held (being read or read, not yet
             handed out), ``>= 1``; ``"auto"``: tuned from the measured wait and rows/s within
-            ``max_buffer_bytes``. Default: ``8``.
+            ``max_buffer_bytes``. Default: ``"auto"``.
         max_in_flight (int | str, optional): the most ``take`` calls at once, ``>= 1``,
-            ``<= readahead`` if both are ints; ``"auto"``: tuned. Default: ``4``.
+            ``<= readahead`` if both are ints; ``"auto"``: tuned (from 4). Default: ``"auto"``.
         drop_last (bool, optional): ``True``: full batches, the permutation's tail left out;
             ``False``: every row, the last batch maybe short (shuffled: a round padded by
             wrapping around, so every rank gets as many batches). Default: ``None``:
@@ -105,8 +105,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             ``$LANCE_PREFETCH_CACHE_DIR``, else ``~/.cache/lance-prefetch``.
         max_buffer_bytes (int, optional): with ``readahead="auto"``, the most Arrow bytes read
             ahead. Default: 256 MiB.
-        io (str, optional): ``"default"`` or ``"uring"`` (local files; falls back with a
-            ``RuntimeWarning``). Default: ``None``, ``"uring"`` for a ``file+uring://`` URI.
+        io (str, optional): ``"auto"`` (or ``None``): io_uring for local files where the kernel
+            allows it, else Lance's default reader; ``"uring"``: io_uring, falling back with a
+            ``RuntimeWarning``; ``"default"``: Lance's reader. Default: ``"auto"``.
         pin_memory (bool, optional): pin each batch's tensors in the read threads (a
             ``UserWarning`` and no pinning without an accelerator). Default: ``False``.
         device (str | int | torch.device, optional): hand batches out on it, each copy issued
@@ -150,8 +151,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         *,
         columns: Sequence[str] | None = None,
         seed: int = 0,
-        readahead: int | str = 8,
-        max_in_flight: int | str = 4,
+        readahead: int | str = "auto",
+        max_in_flight: int | str = "auto",
         drop_last: bool | None = None,
         shuffle: bool = True,
         rank: int | None = None,
@@ -161,7 +162,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         transform: Callable[[dict[str, Any]], Any] | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
         permutation: str = "auto",
-        io: str | None = None,
+        io: str | None = "auto",
         log_every: float | None = None,
         coalesce: int | str = "auto",
         cache: str | None = None,

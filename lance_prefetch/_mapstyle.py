@@ -108,9 +108,9 @@ class LanceMapDataset(SourceFacade, Dataset):
             retried, in the reading process's own thread (see
             :class:`~lance_prefetch.RetryPolicy`; its ``timeout`` must be ``None`` here).
             ``None``: no retry. Default: ``RetryPolicy()``, 3 attempts.
-        io (str, optional): ``"default"`` or ``"uring"`` (Lance's io_uring reader for local
-            files), as for :class:`~lance_prefetch.PrefetchLoader`; :attr:`io` is the reader in
-            use. Default: ``None``, by the URI.
+        io (str, optional): ``"auto"``, ``"default"`` or ``"uring"`` (Lance's io_uring reader
+            for local files), as for :class:`~lance_prefetch.PrefetchLoader`; :attr:`io` is the
+            reader in use. Default: ``"auto"``.
 
     Indices are offsets among the live rows of the pinned version, ``0 .. len(dataset) - 1``
     (negative ones count from the end, as in Python). The dataset pickles small (URI, version,
@@ -139,7 +139,7 @@ class LanceMapDataset(SourceFacade, Dataset):
         version: int | str | None = None,
         transform: Callable[[Any], Any] | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
-        io: str | None = None,
+        io: str | None = "auto",
     ) -> None:
         self.config = config = MapDatasetConfig(
             columns=columns, storage_options=storage_options, version=version,

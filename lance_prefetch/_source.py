@@ -16,6 +16,7 @@ minutes), and a failed open becomes an error naming the parameter and the fix, w
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import warnings
@@ -46,6 +47,7 @@ from ._versions import checkout, committed
 __all__ = ["LanceSource", "RowSource", "ShortReadError", "redact"]
 
 _DEFAULTS = SourceOptions()
+_logger = logging.getLogger("lance_prefetch.source")
 
 
 class RowSource(Protocol):
@@ -120,7 +122,8 @@ class LanceSource:
             printed; for ``s3://`` an endpoint set there is probed once, for at most
             ``connect_timeout``, default 3 s) and ``io`` (``"uring"``: Lance's io_uring reader,
             local datasets only, with a ``RuntimeWarning`` and the default reader if the kernel
-            refuses it; ``None``: ``"uring"`` for a ``file+uring://`` URI, else ``"default"``).
+            refuses it; ``"auto"``, the default: io_uring for a local dataset, falling back to
+            the default reader without a warning, and the default reader on object stores).
             Default: ``SourceOptions()``.
 
     Attributes:
@@ -152,7 +155,8 @@ class LanceSource:
     ) -> None:
         self._storage_options = options.storage_options
         columns, version = options.columns, options.version
-        self.io = options.io
+        self.io = options.io or "auto"
+        asked = self.io  # "auto" tries io_uring on local files and falls back without a warning
         if isinstance(source, (str, os.PathLike, lance.LanceDataset)):
             given = source.uri if isinstance(source, lance.LanceDataset) else os.fspath(source)
             if scheme(given) == URING:
@@ -162,10 +166,11 @@ class LanceSource:
                         f"file+uring:// scheme selects Lance's io_uring reader; pass the plain "
                         f"path (or a file:// URI) for the default reader, or leave io unset"
                     )
-                self.io = "uring"  # chosen by the URI
+                self.io = asked = "uring"  # chosen by the URI
             if self.io == "uring":
                 uring_uri(given)  # a dataset on an object store is refused before any I/O
-            self.io = self.io or "default"
+            elif self.io == "auto":
+                self.io = "uring" if scheme(given) in ("", "file") else "default"
             # Opened with the default reader first (its errors are the explained ones).
             self._read_uri = "file" + given[len(URING) :] if scheme(given) == URING else given
         if isinstance(source, lance.LanceDataset):
@@ -199,7 +204,7 @@ class LanceSource:
         #: does not say): with the URI and version, it names the version's rows for caches.
         self.committed: str = committed(dataset)
         if self.io == "uring":
-            dataset = self._switch_to_uring(dataset)
+            dataset = self._switch_to_uring(dataset, warn=asked == "uring")
         self._lock = threading.Lock()
         self._dataset: lance.LanceDataset | None = dataset
         self._pid = os.getpid()
@@ -381,9 +386,10 @@ class LanceSource:
                 self._pid = os.getpid()
             return self._dataset
 
-    def _switch_to_uring(self, dataset: lance.LanceDataset) -> lance.LanceDataset:
+    def _switch_to_uring(self, dataset: lance.LanceDataset, *, warn: bool) -> lance.LanceDataset:
         """The pinned version opened through io_uring and probed with a one-row take; on any
-        failure a ``RuntimeWarning`` and ``dataset`` (the default reader) instead."""
+        failure ``dataset`` (the default reader) instead, with a ``RuntimeWarning`` if ``warn``
+        (``io="uring"`` asked for; ``"auto"`` logs it at ``DEBUG``)."""
         uri = uring_uri(self.uri)
         try:
             uring = lance.dataset(uri, version=self.version, storage_options=self._storage_options)
@@ -393,14 +399,19 @@ class LanceSource:
                 if probe.num_rows != 1:
                     raise OSError(f"a probe take returned {probe.num_rows} rows, not 1")
         except Exception as exc:
-            warnings.warn(
-                f"io='uring': Lance's io_uring reader failed on {self.uri!r} ({type(exc).__name__}: "
-                f"{scrub(str(exc), self._storage_options)}); the kernel may not allow io_uring "
-                f"(containers often block it). Reading with the default reader instead; pass "
-                f"io='default' to silence this",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            why = f"{type(exc).__name__}: {scrub(str(exc), self._storage_options)}"
+            if warn:
+                warnings.warn(
+                    f"io='uring': Lance's io_uring reader failed on {self.uri!r} ({why}); the "
+                    f"kernel may not allow io_uring (containers often block it). Reading with the "
+                    f"default reader instead; pass io='default' to silence this",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            else:
+                _logger.debug(
+                    "io='auto': io_uring failed on %r (%s); the default reader", self.uri, why
+                )
             self.io = "default"
             return dataset
         self._read_uri = uri

@@ -46,7 +46,6 @@ __all__ = [
     "Phase",
     "SETTLE",
     "START_LEVEL",
-    "START_LEVEL_MEMORY",
     "WAIT_CUT",
     "WAIT_HIGH",
     "WAIT_LOW",
@@ -66,10 +65,8 @@ CALM_PERIODS = 8
 PROBE_PERIODS = 40
 #: The most takes in flight ``"auto"`` goes to.
 MAX_LEVEL = 64
-#: The level ``"auto"`` starts at for reads from files or object storage ...
+#: The level ``"auto"`` starts at (with a cache too: its first epoch reads the dataset).
 START_LEVEL = 4
-#: ... and with ``cache="memory"``, where a take is a copy in memory.
-START_LEVEL_MEMORY = 1
 
 
 @dataclass(frozen=True)

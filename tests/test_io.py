@@ -24,7 +24,7 @@ def epoch(loader) -> list[dict[str, list]]:
 
 
 def test_uring_reads_exactly_the_rows_of_the_default_reader(ids_1003):
-    default = PrefetchLoader(ids_1003, 64, seed=3, drop_last=False)
+    default = PrefetchLoader(ids_1003, 64, seed=3, drop_last=False, io="default")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback on this machine
         uring = PrefetchLoader(ids_1003, 64, seed=3, drop_last=False, io="uring")
@@ -78,9 +78,13 @@ def test_uring_uri_rules(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "io,error,message",
     [
-        ("fast", ValueError, r"io should be 'default' .* or 'uring' .*, but got io='fast'"),
+        (
+            "fast",
+            ValueError,
+            r"io should be 'auto' .*, 'default' .* or 'uring' .*, but got io='fast'",
+        ),
         ("URING", ValueError, r"but got io='URING'"),
-        (1, TypeError, r"io should be 'default', 'uring' or None, but got io=1"),
+        (1, TypeError, r"io should be 'auto', 'default', 'uring' or None, but got io=1"),
         (b"uring", TypeError, r"but got io=b'uring'"),
     ],
 )
@@ -117,8 +121,38 @@ def test_a_kernel_refusing_io_uring_falls_back_with_a_warning(ids_1003, monkeypa
 def test_io_default_contradicting_a_file_uring_uri_is_refused(ids_1003):
     with pytest.raises(ValueError, match=r"io='default' contradicts the URI .*file\+uring://"):
         PrefetchLoader("file+uring://" + ids_1003, 100, io="default")
-    assert PrefetchLoader(ids_1003, 100, io=None).io == "default"
+    assert PrefetchLoader(ids_1003, 100, io="default").io == "default"
     assert PrefetchLoader("file+uring://" + ids_1003, 100, io="uring").io == "uring"
+
+
+def test_io_auto_is_the_default_uring_for_local_files_default_on_object_stores(ids_1003):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # io_uring works on this machine: no fallback
+        for io in ("auto", None):
+            loader = PrefetchLoader(ids_1003, 100, io=io)
+            assert (loader.io, loader._source._read_uri) == ("uring", "file+uring://" + ids_1003)
+        assert PrefetchLoader(ids_1003, 100).io == "uring"
+        assert LanceMapDataset(ids_1003).io == "uring"
+    assert SourceOptions().io == SourceOptions(io=None).io == "auto"
+    with pytest.raises(ValueError, match=r"io='uring' reads local files only"):
+        PrefetchLoader("s3://bucket/train.lance", 4, io="uring")  # no I/O: refused first
+
+
+def test_io_auto_falls_back_to_the_default_reader_without_a_warning(ids_1003, monkeypatch, caplog):
+    opened = lance.dataset
+
+    def refuse_uring(uri, *args, **kwargs):
+        if str(uri).startswith("file+uring://"):
+            raise OSError("LanceError(IO): io_uring_setup: Operation not permitted (os error 1)")
+        return opened(uri, *args, **kwargs)
+
+    monkeypatch.setattr(source_module.lance, "dataset", refuse_uring)
+    with warnings.catch_warnings(), caplog.at_level("DEBUG", logger="lance_prefetch.source"):
+        warnings.simplefilter("error")
+        loader = PrefetchLoader(ids_1003, 100, columns=["id"], seed=5)
+    assert loader.io == "default" and loader._source._read_uri == ids_1003
+    assert "io_uring failed" in caplog.text and "Operation not permitted" in caplog.text
+    assert [batch["id"].tolist() for batch in loader] == expected_rank_ids(loader)
 
 
 def test_a_missing_dataset_with_uring_is_the_usual_error_without_a_warning(tmp_path):

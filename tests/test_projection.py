@@ -94,8 +94,8 @@ def epoch(loader) -> tuple[list[dict], list[int]]:
 
 def test_tensor_columns_are_batch_by_shape_tensors_in_every_read_mode(make_loader, tensors_50):
     """Every row once, each batch's ``t`` the written values of exactly its ids, ``(5, 2, 3)``
-    float32, in permutation order (coalesced mode: 4 batches a take)."""
-    loader = make_loader(tensors_50, 5, seed=3)
+    float32, in permutation order (coalesced mode: 4 batches a take, readahead 8)."""
+    loader = make_loader(tensors_50, 5, seed=3, readahead=8)
     assert loader.coalesce == (1 if make_loader.mode == "per-take" else 4)
     batches, ids = epoch(loader)
     assert ids == loader.epoch_plan().permutation.tolist() and sorted(ids) == list(range(50))
