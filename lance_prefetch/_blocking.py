@@ -40,6 +40,8 @@ class BlockingPrefetcher(Iterator[R]):
 
     Args:
         prefetcher (Prefetcher): the producer to run; not started yet, run by this iterator only.
+            A :class:`~lance_prefetch._direct.DirectPrefetcher` (``synchronous``) starts no
+            event loop: ``next()`` reads in the caller's thread.
         close_wait_s (float, optional): the most seconds :meth:`close` takes, stopping the
             event-loop thread included, waiting for fetches still running to return.
             Default: :data:`CLOSE_WAIT_S` (0.5 s).
@@ -72,6 +74,10 @@ class BlockingPrefetcher(Iterator[R]):
         self.exhausted = False
         self._lock = threading.Lock()
         self._stack: contextlib.ExitStack | None = None
+        if getattr(prefetcher, "synchronous", False):  # a DirectPrefetcher: reads in next()
+            self._stack = contextlib.ExitStack()
+            _shutdown.register(self)
+            return
         # A Ctrl-C while the portal starts would leave its loop thread running unowned: deliver it
         # once this iterator is whole and registered (then garbage collection closes it).
         with sigint_deferred(), contextlib.ExitStack() as stack:

@@ -8,10 +8,9 @@ magnitude faster. Both caches below are filled by one scan of the pinned version
 ``take(indices)`` with the same rows in the same order as the dataset would, so sampling,
 exactness and resuming do not change.
 
-- :class:`MemoryCache` (``cache="memory"``) keeps the rows as Arrow buffers in this process
-  and takes with ``pyarrow.Table.take``. Each process holds its own copy (with DataLoader workers,
-  ``num_workers`` copies): the size is checked against ``cache_bytes`` before the scan when the
-  columns are fixed-width, and as the scan goes otherwise.
+- :class:`~lance_prefetch._memory_cache.MemoryCache` (``cache="memory"``) keeps the rows in this
+  process; its fill runs in the background while the first epoch is read by takes, and a filled
+  cache gathers batches straight into tensors (see :mod:`~lance_prefetch._memory_cache`).
 - :class:`DiskCache` (``cache="disk"``) copies the rows once to a local Lance dataset under
   ``cache_dir``, named by the URI, version, commit time and columns, and takes from it. It is
   reused across runs and shared by processes (the page cache holds it once for every worker);
@@ -25,10 +24,10 @@ Every column type the loader reads is cached: a blob column's bytes are read by 
 (Lance's ``blob_handling="all_binary"``) and held as ``large_binary`` in memory, or stored as a
 blob again in the disk copy; a nested path (``"image.bytes"``) is copied under its struct.
 
-Both are filled by ``prepare()``, which ``iter(loader)`` calls in each process before the first
-read (so the fill is not a timed, retried ``take``); a ``take`` before it fills too. Every batch,
-from epoch 0 on, is then served from the cache. A new dataset version has
-another key, so a cache never serves rows of another version.
+``iter(loader)`` calls ``prepare()`` in each process before the first read (so a fill is never
+a timed, retried ``take``): the disk copy is made (or found) there, and every batch from epoch 0
+on is served from it; the memory cache's fill starts there, in the background. A new dataset
+version has another key, so a cache never serves rows of another version.
 """
 
 from __future__ import annotations
@@ -58,6 +57,8 @@ from ._cache_files import (
     write_record,
 )
 from ._config import SourceOptions
+from ._filling import BackgroundFill, FillingCache
+from ._memory_cache import MemoryCache
 from ._source import LanceSource
 from .convert import fixed_row_bytes
 
@@ -82,135 +83,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "lance-prefetch"
 
 
-class _Cache:
-    """What both caches share: the wrapped source's identity, and its process and offset
-    checks (the :class:`~lance_prefetch._source.RowSource` members that do not read)."""
-
-    source: LanceSource
-
-    @property
-    def uri(self) -> str:
-        """The dataset's URI."""
-        return self.source.uri
-
-    @property
-    def version(self) -> int:
-        """The pinned version."""
-        return self.source.version
-
-    @property
-    def num_rows(self) -> int:
-        """Live rows of the pinned version."""
-        return self.source.num_rows
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """The projection."""
-        return self.source.columns
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The projected schema."""
-        return self.source.schema
-
-    @property
-    def io(self) -> str:
-        """The wrapped source's reader."""
-        return self.source.io
-
-    def check_offsets(self, indices: np.ndarray) -> None:
-        """As :meth:`LanceSource.check_offsets`."""
-        self.source.check_offsets(indices)
-
-    def check_process(self) -> None:
-        """As :meth:`LanceSource.check_process`."""
-        self.source.check_process()
-
-    def options_repr(self) -> dict[str, str] | None:
-        """As :meth:`LanceSource.options_repr`."""
-        return self.source.options_repr()
-
-    def prepare(self) -> None:
-        """Fill the cache in this process (:meth:`fill`), if it is not filled yet."""
-        self.fill()
-
-    def fill(self) -> Any:
-        raise NotImplementedError
-
-
-class MemoryCache(_Cache):
-    """A :class:`~lance_prefetch._source.LanceSource`'s rows held in memory; the same ``take``.
-
-    Args:
-        source (LanceSource): the pinned, projected dataset.
-        cache_bytes (int): the most bytes the rows may take in memory.
-
-    Raises:
-        ValueError: the columns are fixed-width and ``num_rows`` rows need more than
-            ``cache_bytes`` (checked here, before any I/O); the message gives the size.
-
-    Pickles as ``source`` and ``cache_bytes``: another process fills its own copy.
-    """
-
-    def __init__(self, source: LanceSource, cache_bytes: int) -> None:
-        self.source = source
-        self.cache_bytes = cache_bytes
-        row_bytes = fixed_row_bytes(source.schema)
-        if row_bytes is not None and row_bytes * source.num_rows > self.cache_bytes:
-            raise ValueError(_too_big(source, row_bytes * source.num_rows, self.cache_bytes))
-        self._lock = threading.Lock()
-        self._table: pa.Table | None = None
-
-    def fill(self) -> pa.Table:
-        """The cached rows, scanned on the first call in this process (thread-safe; other callers
-        wait for that scan).
-
-        Raises:
-            MemoryError: the rows need more than ``cache_bytes`` (found during the scan for
-                variable-width columns); nothing is kept.
-            Exception: the scan's errors (:meth:`~lance_prefetch._source.LanceSource.scan`).
-        """
-        table = self._table
-        if table is not None:
-            return table
-        with self._lock:
-            if self._table is None:
-                batches, size = [], 0
-                for batch in self.source.scan():
-                    size += batch.nbytes
-                    if size > self.cache_bytes:
-                        raise MemoryError(_too_big(self.source, None, self.cache_bytes))
-                    batches.append(batch)
-                table = pa.Table.from_batches(batches, schema=self.source.schema)
-                self._table = table.combine_chunks()  # one chunk a column: takes index directly
-            return self._table
-
-    @property
-    def cached(self) -> bool:
-        """Whether this process holds the rows already."""
-        return self._table is not None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held now (0 before the fill)."""
-        return 0 if self._table is None else self._table.nbytes
-
-    def take(self, indices: np.ndarray) -> pa.Table:
-        """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them (same
-        checks and errors), from memory."""
-        self.source.check_offsets(indices)
-        return self.fill().take(pa.array(indices))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"source": self.source, "cache_bytes": self.cache_bytes}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.source, self.cache_bytes = state["source"], state["cache_bytes"]
-        self._lock = threading.Lock()
-        self._table = None
-
-
-class DiskCache(_Cache):
+class DiskCache(FillingCache):
     """A :class:`~lance_prefetch._source.LanceSource`'s rows copied to a local Lance dataset.
 
     Args:
@@ -237,6 +110,15 @@ class DiskCache(_Cache):
         self.path = self.cache_dir / f"{name[:48]}-v{source.version}-{digest}.lance"
         self._lock = threading.Lock()
         self._local: LanceSource | None = None
+        self._filling = BackgroundFill(
+            lambda stopping: self._open_copy(), f"cache='disk' of {source.uri!r}"
+        )
+
+    def prepare(self) -> None:
+        """Start making (or finding and opening) the copy in the background, unless this process
+        opened it already; until it is open, :meth:`take` reads the dataset itself."""
+        if self._local is None:
+            self._filling.start()
 
     def fill(self) -> LanceSource:
         """The local copy, made on the first call if no process made it yet, or made again if
@@ -251,14 +133,18 @@ class DiskCache(_Cache):
             ValueError: the copy does not hold ``num_rows`` rows (delete it).
             Exception: the scan's errors.
         """
-        local = self._local
-        if local is not None:
-            return local
+        if self._local is None:
+            self._filling.wait()
+        assert self._local is not None
+        return self._local
+
+    def _open_copy(self) -> None:
+        """The fill (in its thread): the copy made if needed, then opened."""
         with self._lock:
             if self._local is None:
                 if not self.path.exists() or check_copy(self.path, self._about()) is not None:
                     self._copy()
-                options = SourceOptions(io=_local_io(self.source), columns=self.source.columns)
+                options = SourceOptions(io="auto", columns=self.source.columns)  # a local copy
                 local = LanceSource(os.fspath(self.path), options)
                 if local.num_rows != self.source.num_rows:
                     raise ValueError(
@@ -267,7 +153,6 @@ class DiskCache(_Cache):
                         f"{self.source.num_rows}; delete the copy to rebuild it"
                     )
                 self._local = local
-            return self._local
 
     def _copy(self) -> None:
         """Under the copy's lock: remove what killed fills left, keep a copy another process
@@ -329,16 +214,23 @@ class DiskCache(_Cache):
         return self._local is not None
 
     def take(self, indices: np.ndarray) -> pa.Table:
-        """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them, from the
-        local copy.
+        """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them: from the
+        local copy once it is open, from the dataset while the fill runs (or before it started).
 
         Raises:
             IndexError: as :meth:`LanceSource.take`.
             CopyReadError: the copy could not be read (damaged since it was opened); the
                 message names it and the fix. Never retried.
+            OSError, ValueError, Exception: the fill failed (its error, as :meth:`fill` says;
+                every read until the next :meth:`prepare` raises it too).
         """
         self.source.check_offsets(indices)
-        local = self.fill()
+        local = self._local
+        if local is None:
+            error = self._filling.error
+            if error is not None:
+                raise error
+            return self.source.take(indices)
         try:
             return local.take(indices)
         except Exception as exc:
@@ -356,6 +248,9 @@ class DiskCache(_Cache):
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._local = None
+        self._filling = BackgroundFill(
+            lambda stopping: self._open_copy(), f"cache='disk' of {self.source.uri!r}"
+        )
 
 
 def with_cache(
@@ -373,16 +268,6 @@ def with_cache(
     return source
 
 
-def _too_big(source: LanceSource, size: int | None, budget: int) -> str:
-    need = "more than that" if size is None else f"{size:,} bytes ({size / 2**20:,.1f} MiB)"
-    return (
-        f"cache='memory': the columns {list(source.columns)} of {source.uri!r} version "
-        f"{source.version} ({source.num_rows} rows) need {need}, above "
-        f"cache_bytes={budget} ({budget / 2**20:,.1f} MiB); raise cache_bytes, read fewer "
-        f"columns, or use cache='disk'"
-    )
-
-
 def _disk_full(cache_dir: Path, source: LanceSource) -> OSError:
     row_bytes = fixed_row_bytes(source.schema)
     what = (
@@ -397,7 +282,3 @@ def _disk_full(cache_dir: Path, source: LanceSource) -> OSError:
 
 def _stem(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1].removesuffix(".lance") or "dataset"
-
-
-def _local_io(source: LanceSource) -> str | None:
-    return "uring" if source.io == "uring" else None

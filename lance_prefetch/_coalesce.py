@@ -116,8 +116,10 @@ def groups(batches: Iterable[PlannedBatch], size: int) -> Iterator[Group]:
 
 
 def split(table: Any, group: Group) -> list[Any]:
-    """Cut ``table`` (a ``pyarrow.Table`` read for ``group.indices``) into one table per batch of
-    the group, zero-copy slices in order."""
+    """Cut ``table`` (a ``pyarrow.Table`` read for ``group.indices``, or rows already converted
+    that ``split`` themselves) into one piece per batch of the group, zero-copy, in order."""
+    if hasattr(table, "split"):  # converted rows: one split a column
+        return table.split([len(batch.indices) for batch in group.batches])  # type: ignore[no-any-return]
     pieces = []
     offset = 0
     for batch in group.batches:

@@ -24,8 +24,10 @@ from ._blocking import BlockingPrefetcher
 from ._coalesce import Group, groups, split
 from ._config import LoaderConfig, Resolved
 from ._device import DeviceFeed, Placement
+from ._direct import DirectPrefetcher
 from ._errors import BatchLoadError
 from ._exit_guard import native_call
+from ._memory_cache import Gathered
 from ._positions import DeliveryCounter
 from ._prefetcher import FetchError, Prefetcher, PrefetchStatistics
 from ._source import RowSource
@@ -66,13 +68,18 @@ class BatchReader:
         placement = Placement() if placement is None else placement
         self._source, self._epoch, self._transform = source, epoch, transform
         self._retry, self._telemetry, self._placement = retry, telemetry, placement
+        #: a memory cache's ``gather`` (rows already as tensors once it is filled), else None
+        self._gather = getattr(source, "gather", None)
 
     def read(self, group: Group) -> Any:
         """The rows of a group of batches, read with one ``take`` (in a worker thread; retried
         by the prefetcher)."""
-        cached = self._source.cached  # a cache: whether it is filled already
+        source = self._source
+        cached = source.cached  # a cache: whether it is filled already
         started = time.perf_counter()
-        table = self._source.take(group.indices)
+        table = self._gather(group.indices) if self._gather is not None else None
+        if table is None:  # not a filled memory cache: Arrow rows
+            table = source.take(group.indices)
         self._telemetry.record_take(
             time.perf_counter() - started, table.nbytes, rows=table.num_rows, cached=cached
         )
@@ -83,10 +90,16 @@ class BatchReader:
         thread; not retried): a list of ``(rows, batch)``, or ending with the
         :class:`BatchLoadError` of a batch that failed (the batches before it are delivered)."""
         results: list[Any] = []
-        for batch, piece in zip(group.batches, split(table, group), strict=True):
+        pieces = split(table, group)
+        if isinstance(table, Gathered) and self._transform is None and not self._placement.pinned:
+            return [
+                (batch.indices, piece.values)
+                for batch, piece in zip(group.batches, pieces, strict=True)
+            ]
+        for batch, piece in zip(group.batches, pieces, strict=True):
             try:
                 with native_call(lance=False):  # a transform may run native code (torch)
-                    tensors = to_tensors(piece)
+                    tensors = piece.values if isinstance(piece, Gathered) else to_tensors(piece)
                     converted = tensors if self._transform is None else self._transform(tensors)
                     converted = self._placement.pin(converted)
             except Exception as exc:
@@ -353,10 +366,16 @@ def start_iteration(
     reader = BatchReader(source, epoch=plan.epoch, transform=config.transform,
                          retry=config.retry, telemetry=telemetry,
                          placement=config.placement)  # fmt: skip
-    prefetcher = Prefetcher(groups(batches, resolved.coalesce), reader.read,
-                            process=reader.convert, readahead=int(readahead),
-                            max_in_flight=int(max_in_flight), retry=config.retry,
-                            size=len)  # fmt: skip
+    if config.transform is None and getattr(source, "ready", False):  # a filled memory cache
+        tuner = None  # nothing is read ahead: no depth to tune
+        prefetcher: Any = DirectPrefetcher(groups(batches, resolved.coalesce), reader.read,
+                                           process=reader.convert, readahead=int(readahead),
+                                           max_in_flight=int(max_in_flight))  # fmt: skip
+    else:
+        prefetcher = Prefetcher(groups(batches, resolved.coalesce), reader.read,
+                                process=reader.convert, readahead=int(readahead),
+                                max_in_flight=int(max_in_flight), retry=config.retry,
+                                size=len)  # fmt: skip
     return LoaderIterator(prefetcher, reader=reader, counter=counter, telemetry=telemetry,
                           log_every_s=config.log_every_s, tuner=tuner,
                           device=config.placement.device, audit=audit)  # fmt: skip

@@ -158,23 +158,23 @@ class EpochPlan:
                 f"but the dataset has {self.num_rows}; use a smaller batch_size or drop_last=False"
             )
 
-    @property
+    @functools.cached_property
     def rows_per_round(self) -> int:
         """Rows in one full round (one full batch for every rank): ``batch_size * world_size``."""
         return self.batch_size * self.world_size
 
-    @property
+    @functools.cached_property
     def num_remaining(self) -> int:
         """Rows of the permutation this plan lays out: those after the first ``start`` batches."""
         return max(self.num_rows - self.start * self.batch_size, 0)
 
-    @property
+    @functools.cached_property
     def uneven(self) -> bool:
         """Whether ranks may get different numbers of batches: ``shuffle=False`` with
         ``drop_last=False`` (rule 5, no padding)."""
         return not self.shuffle and not self.drop_last
 
-    @property
+    @functools.cached_property
     def batches_per_rank(self) -> int:
         """Batches every rank yields (rank 0's, the most, when :attr:`uneven`)."""
         if self.uneven:
@@ -189,7 +189,7 @@ class EpochPlan:
             return max(-(-(self.num_batches - rank) // self.world_size), 0)
         return self.batches_per_rank
 
-    @property
+    @functools.cached_property
     def num_batches(self) -> int:
         """Global batches in this plan, over all ranks: ``batches_per_rank * world_size`` (when
         :attr:`uneven`, ``ceil(num_remaining / batch_size)``)."""
@@ -197,12 +197,12 @@ class EpochPlan:
             return -(-self.num_remaining // self.batch_size)
         return self.batches_per_rank * self.world_size
 
-    @property
+    @functools.cached_property
     def end(self) -> int:
         """The position after this plan's last batch: ``start + num_batches``."""
         return self.start + self.num_batches
 
-    @property
+    @functools.cached_property
     def last_batch_size(self) -> int:
         """Rows in each rank's last batch: ``batch_size``, or less with ``drop_last=False``
         (``0`` when the plan has no batches); when :attr:`uneven`, of the last global batch."""
@@ -261,6 +261,10 @@ class EpochPlan:
                 f"position={position} is outside the plan's global batches "
                 f"[{self.start}, {self.end})"
             )
+        return self._planned(position)
+
+    def _planned(self, position: int) -> PlannedBatch:
+        """Global batch ``position``, known to be in ``[start, end)``."""
         start, stop = self._span(position)
         if stop <= self.num_rows:
             indices = self.order.slice(start, stop)
@@ -355,8 +359,9 @@ class EpochPlan:
         several in one vectorised pass)."""
         group = CHUNK_ROWS // self.batch_size
         if self.permutation_kind != "lazy" or group <= 1:  # views, or ranges, per batch
+            planned = self._planned
             for position in positions:
-                yield self.batch(position)
+                yield planned(position)
             return
         positions = iter(positions)
         while chunk := list(itertools.islice(positions, group)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 import time
 
 import lance
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pytest
 from support.helpers import WORKERS, batch_ids, collect, expected_rank_ids
 
-from lance_prefetch import PrefetchLoader, RetryPolicy
+from lance_prefetch import BatchLoadError, PrefetchLoader, RetryPolicy
 from lance_prefetch._cache import DiskCache, MemoryCache
 from lance_prefetch._source import LanceSource
 from lance_prefetch.convert import fixed_row_bytes
@@ -60,32 +61,82 @@ def test_a_cache_gives_exactly_the_datasets_batches_from_one_scan(
     expected = [epoch_values(plain, epoch) for epoch in (0, 1)]
     options = {"cache_dir": tmp_path / "cache"} if cache == "disk" else {}
     cached = PrefetchLoader(uri, 16, seed=4, drop_last=False, cache=cache, **options)
+    cached._source.fill()  # epoch 0 is read by takes while the fill runs: wait for it first
     scans = count_scans(monkeypatch, uri)
     assert [epoch_values(cached, epoch) for epoch in (0, 1)] == expected
-    assert scans[0] == 1 and cached.cache == cache
+    assert scans[0] == 0 and cached.cache == cache
     stats = cached.stats()
     assert stats.cache_hit_ratio == 1.0  # epoch 1: every take served by the filled cache
 
 
-@pytest.mark.parametrize("cache", CACHES)
-def test_iter_fills_the_cache_before_any_take(ids_1003, tmp_path, monkeypatch, cache):
-    """The fill runs in iter(), not inside a (timed, retried) take: a per-take timeout far below
-    the fill's duration does not fail it, and every take after it is a hit."""
-    original = LanceSource.scan
+def test_the_first_epoch_is_read_while_the_memory_cache_fills(fresh_ids, monkeypatch):
+    """The scan lands two record batches, then stalls: the whole first epoch is
+    read meanwhile (those rows from memory, the others by takes, put back in order), exactly the
+    uncached loader's batches; once the fill ends, the next epoch is gathered from the tensors
+    in the training thread (no take, no read thread) and is exact too."""
+    uri = fresh_ids(1003, rows_per_file=100)
+    lance.dataset(uri).delete("id % 5 = 1")  # offsets no longer equal ids
+    plain = PrefetchLoader(uri, 32, seed=2, drop_last=False)
+    expected = [epoch_values(plain, epoch) for epoch in (0, 1)]
+    original, stall, taken = LanceSource.scan, threading.Event(), []
 
-    def slow_scan(self, **options):
-        time.sleep(0.5)  # a fill much longer than the per-take timeout below
+    def stalling_scan(self, **options):
+        for number, batch in enumerate(original(self, batch_rows=150, **options)):
+            if number == 2:
+                assert stall.wait(30)
+            yield batch
+
+    def counting_take(self, indices):
+        taken.append(len(indices))
+        return original_take(self, indices)
+
+    original_take = LanceSource.take
+    monkeypatch.setattr(LanceSource, "scan", stalling_scan)
+    monkeypatch.setattr(LanceSource, "take", counting_take)
+    first_two = sum(
+        b.num_rows
+        for _, b in zip(range(2), original(LanceSource(uri), batch_rows=150), strict=False)
+    )
+    cached = PrefetchLoader(uri, 32, seed=2, drop_last=False, cache="memory")
+    cached._source.prepare()  # the fill starts; wait until it stalls after two record batches
+    deadline = time.monotonic() + 30
+    while cached._source.landed < first_two and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cached._source.landed == first_two
+    assert epoch_values(cached, 0) == expected[0]
+    assert cached._source.landed == first_two and not cached._source.cached
+    assert sum(taken) == cached.num_rows - first_two  # the landed rows were not taken again
+    stall.set()
+    cached._source.fill()
+    taken.clear()
+    assert epoch_values(cached, 1) == expected[1]
+    assert taken == [] and cached.stats().cache_hit_ratio == 1.0
+
+
+def test_the_first_epoch_is_read_while_the_disk_copy_is_made(ids_1003, tmp_path, monkeypatch):
+    """The copy is made in the background, not inside a (timed, retried) take: while its scan
+    stalls, far longer than the per-take timeout, the whole first epoch is read from the dataset
+    (exact, no hit); once the copy is open every take is a hit, from the copy only."""
+    original, stall = LanceSource.scan, threading.Event()
+
+    def stalling_scan(self, **options):
+        assert stall.wait(30)
         yield from original(self, **options)
 
-    monkeypatch.setattr(LanceSource, "scan", slow_scan)
-    options = {"cache_dir": tmp_path / "c"} if cache == "disk" else {}
+    monkeypatch.setattr(LanceSource, "scan", stalling_scan)
     loader = PrefetchLoader(
-        ids_1003, 100, coalesce=1, cache=cache, retry=RetryPolicy(timeout=0.2), **options
-    )
-    assert not loader._source.cached
-    iterator = iter(loader)
-    assert loader._source.cached  # before the first take
-    assert batch_ids(iterator) == expected_rank_ids(loader)
+        ids_1003, 100, coalesce=1, cache="disk", cache_dir=tmp_path / "c",
+        retry=RetryPolicy(timeout=0.2),
+    )  # fmt: skip
+    assert batch_ids(loader) == expected_rank_ids(loader)
+    assert not loader._source.cached and loader.stats().cache_hit_ratio == 0.0
+    time.sleep(0.3)  # the fill still waits, past the per-take timeout
+    stall.set()
+    loader._source.fill()
+    monkeypatch.undo()
+    count_scans(monkeypatch, ids_1003)  # from here a take of the dataset fails the test
+    loader.set_epoch(1)
+    assert batch_ids(loader) == expected_rank_ids(loader)
     assert loader.stats().cache_hit_ratio == 1.0
     assert "cache hits 100.0%" in str(loader.stats())
     assert PrefetchLoader(ids_1003, 100).stats().cache_hit_ratio is None
@@ -126,8 +177,11 @@ def test_memory_cache_of_variable_width_columns_stops_at_the_budget(tmp_path):
     assert batch_ids(loader) == expected_rank_ids(loader)
     small = PrefetchLoader(uri, 10, columns=["text"], cache="memory", cache_bytes=50_000)
     with pytest.raises(MemoryError, match="need more than that, above cache_bytes=50000"):
-        iter(small)  # the fill runs in iter()
+        small._source.fill()  # the background fill, waited for
     assert small._source.nbytes == 0  # nothing kept
+    with pytest.raises(BatchLoadError, match="not transient.*MemoryError") as info:
+        next(iter(small))  # every read after a failed fill names its error
+    assert isinstance(info.value.__cause__, MemoryError)
 
 
 def test_memory_cache_pickles_without_its_rows(ids_1003):
@@ -145,22 +199,26 @@ def test_disk_cache_is_keyed_by_version_and_columns_and_reused(fresh_ids, tmp_pa
     cache_dir = tmp_path / "cache"
     first = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir)
     assert batch_ids(first) == expected_rank_ids(first)
+    first._source.fill()  # the copy, made in the background meanwhile
     copies = sorted(p.name for p in cache_dir.glob("*.lance"))
     assert len(copies) == 1 and copies[0].startswith("data-v1-")
     # another loader (another run) reuses the copy: no scan
     monkeypatch.setattr(LanceSource, "scan", lambda *a, **k: pytest.fail("scanned again"))
     again = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir, seed=9)
     assert batch_ids(again) == expected_rank_ids(again)
+    again._source.fill()
     monkeypatch.undo()
     # another projection and another version each get their own copy, with their own rows
     narrow = PrefetchLoader(uri, 10, columns=["id"], cache="disk", cache_dir=cache_dir)
     assert batch_ids(narrow) == expected_rank_ids(narrow)
+    narrow._source.fill()
     dataset = lance.dataset(uri)
     dataset.delete("id < 50")
     newer = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir, drop_last=False)
     assert newer.version == 2 and newer.num_rows == 250
     live = list(range(50, 300))
     assert batch_ids(newer) == [[live[o] for o in b] for b in expected_rank_ids(newer)]
+    newer._source.fill()
     names = sorted(p.name for p in cache_dir.glob("*.lance"))
     assert len(names) == 3 and sum(name.startswith("data-v2-") for name in names) == 1
     assert not list(cache_dir.glob(".partial-*"))  # no leftovers
@@ -168,7 +226,9 @@ def test_disk_cache_is_keyed_by_version_and_columns_and_reused(fresh_ids, tmp_pa
 
 def _fill_and_read(uri: str, cache_dir: str, seed: int) -> list[list[int]]:
     loader = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir, seed=seed)
-    return batch_ids(loader)
+    ids = batch_ids(loader)
+    loader._source.fill()  # the copy, made (or waited for) in the background meanwhile
+    return ids
 
 
 def test_two_processes_filling_one_disk_cache_at_once(fresh_ids, tmp_path):
@@ -195,6 +255,7 @@ def test_disk_cache_default_dir_comes_from_the_environment(ids_1003, tmp_path, m
     assert loader._source.path.parent == tmp_path / "env"
     assert not (tmp_path / "env").exists()  # nothing written before the first read
     next(iter(loader))
+    loader._source.fill()
     assert loader._source.path.is_dir()
 
 

@@ -59,6 +59,13 @@ def count_copies(monkeypatch) -> list[int]:
     return copies
 
 
+def read(loader) -> list[list[int]]:
+    """One epoch's ids, then the wait for the copy made in the background meanwhile."""
+    ids = batch_ids(loader)
+    loader._source.fill()
+    return ids
+
+
 def free_bytes(message: str) -> int:
     return int(re.search(r"did not fit in the ([\d,]+) bytes free", message)[1].replace(",", ""))
 
@@ -69,8 +76,8 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
     fresh_ids, tmp_path, monkeypatch, kind
 ):
     """The fill meets a full disk (a real tmpfs where this machine may mount one, else a Lance
-    write that fails with ENOSPC after writing part of the copy): iter() raises an OSError
-    (errno ENOSPC) naming cache_dir, the rows' size, the bytes free and the fixes; the partial
+    write that fails with ENOSPC after writing part of the copy): the fill, and every read after
+    it, raise an OSError (errno ENOSPC) naming cache_dir, the rows' size, the bytes free and the fixes; the partial
     copy is removed, nothing is published, the lock is free; with the space back, the same
     loader and a new one fill again and read exact rows."""
     uri = fresh_ids(3000, rows_per_file=1000)
@@ -85,9 +92,13 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
         narrow = PrefetchLoader(text_uri, 100, columns=["text"], cache="disk", cache_dir=cache_dir)
         errors = []
         for each in (loader, narrow):
+            each._source.prepare()  # what iter() does: the fill starts in the background
             with pytest.raises(OSError) as info:
-                iter(each)
+                each._source.fill()
             errors.append(info.value)
+            with pytest.raises(OSError) as again:  # every read raises it, not retried
+                each._source.take(np.arange(3))
+            assert again.value is info.value and info.value.permanent
         free = shutil.disk_usage(cache_dir).free
         for error, what in zip(
             errors,
@@ -116,8 +127,8 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
         disk.free()
         copies = count_copies(monkeypatch)
         again = PrefetchLoader(uri, 100, cache="disk", cache_dir=cache_dir, seed=5)
-        assert batch_ids(again) == expected_rank_ids(again)
-        assert batch_ids(loader) == expected_rank_ids(loader)  # the failed loader, its next iter
+        assert read(again) == expected_rank_ids(again)
+        assert read(loader) == expected_rank_ids(loader)  # the failed loader, its next iter
         assert copies[0] == 1  # filled once, then reused
         assert check_copy(again._source.path, again._source._about()) is None
         assert not list(cache_dir.glob(".partial-*"))
@@ -215,7 +226,7 @@ def test_a_damaged_copy_is_found_at_open_and_filled_again(ids_1003, tmp_path, mo
     nothing of the damaged copy left."""
     cache_dir = tmp_path / "cache"
     first = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir)
-    assert batch_ids(first) == expected_rank_ids(first)
+    assert read(first) == expected_rank_ids(first)
     copy = first._source.path
     if damage.startswith("bytes flipped"):
         offset = silent_flip(copy, tmp_path / "scratch")
@@ -229,7 +240,7 @@ def test_a_damaged_copy_is_found_at_open_and_filled_again(ids_1003, tmp_path, mo
     second = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, seed=3)
     message = f"the copy {str(copy)!r} of {ids_1003!r} version 1 is damaged: {reason}; filling"
     with pytest.warns(RuntimeWarning, match=re.escape(message)):
-        ids = batch_ids(second)
+        ids = read(second)
     assert ids == expected_rank_ids(second)
     assert copies[0] == 1
     assert check_copy(copy, second._source._about()) is None
@@ -244,7 +255,7 @@ def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_rea
     its bytes is read once, kept (no new fill, no warning) and its new stamp recorded."""
     cache_dir = tmp_path / "cache"
     first = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir)
-    assert batch_ids(first) == expected_rank_ids(first)
+    assert read(first) == expected_rank_ids(first)
     copy = first._source.path
     summed = []
     original = cache_files.crc32
@@ -254,7 +265,7 @@ def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_rea
         if touch:
             os.utime(data_file(copy))
         loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, seed=7)
-        assert batch_ids(loader) == expected_rank_ids(loader)
+        assert read(loader) == expected_rank_ids(loader)
         assert summed == ([data_file(copy)] if touch else [])
         summed.clear()
     assert copies[0] == 0
@@ -268,6 +279,7 @@ def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(
     cache_dir = tmp_path / "cache"
     loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, coalesce=1)
     expected = expected_rank_ids(loader)
+    loader._source.fill()  # the copy open before the first read, so every take reads it
     iterator = iter(loader)
     delivered = batch_ids([next(iterator)])
     copy = loader._source.path
@@ -288,7 +300,7 @@ def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(
     )
     again = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, seed=1)
     with pytest.warns(RuntimeWarning, match=r"is damaged: its file data/.* has 0 bytes, not"):
-        assert batch_ids(again) == expected_rank_ids(again)
+        assert read(again) == expected_rank_ids(again)
 
 
 @pytest.mark.timeout(60)
@@ -306,7 +318,7 @@ def test_what_killed_fills_left_is_removed_by_the_next_fill_of_that_copy(ids_100
         (cache_dir / entry / "data").mkdir(parents=True)
         (cache_dir / entry / "data" / "half.lance").write_bytes(b"\0" * 100)
     (cache_dir / ours[2]).write_text("{}")
-    assert batch_ids(loader) == expected_rank_ids(loader)
+    assert read(loader) == expected_rank_ids(loader)
     assert sorted(p.name for p in cache_dir.iterdir()) == sorted(
         [*theirs, name, loader._source.path.stem + ".lock"]
     )

@@ -12,7 +12,7 @@ import pytest
 from support.helpers import batch_ids, expected_rank_ids, wait_until
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._blocking import BlockingPrefetcher
+from lance_prefetch._blocking import THREAD_NAME, BlockingPrefetcher
 from lance_prefetch._config import LoaderConfig
 from lance_prefetch._prefetcher import Prefetcher
 from lance_prefetch._source import LanceSource
@@ -23,7 +23,6 @@ from lance_prefetch._tuning import (
     PROBE_PERIODS,
     SETTLE,
     START_LEVEL,
-    START_LEVEL_MEMORY,
     Bounds,
     DepthTuner,
 )
@@ -461,20 +460,28 @@ def test_auto_readahead_grows_against_slow_takes_and_reads_exactly(ids_1003, mon
     assert repr(loader).count("readahead='auto', max_in_flight='auto'") == 1
 
 
-def test_auto_starts_at_one_take_in_flight_with_the_memory_cache(ids_1003):
-    """A take from the memory cache is a copy: "auto" starts at 1 take in flight there (and 4
-    when reading the dataset); the batches are the plan's either way."""
-    memory = PrefetchLoader(ids_1003, 4, readahead="auto", max_in_flight="auto", cache="memory")
-    files = PrefetchLoader(ids_1003, 4, readahead="auto", max_in_flight="auto")
-    for loader, level in ((memory, START_LEVEL_MEMORY), (files, START_LEVEL)):
+def test_auto_starts_at_four_in_flight_and_a_filled_memory_cache_reads_in_next(ids_1003):
+    """ "auto" starts at 4 takes in flight, with the memory cache too (its first epoch reads the
+    dataset while the fill runs); once filled, a batch is gathered in next() itself: no loop
+    thread, no tuner. The batches are the plan's either way."""
+    memory = PrefetchLoader(ids_1003, 4, cache="memory")
+    files = PrefetchLoader(ids_1003, 4)
+    for loader in (memory, files):
         loader._resolved.tuner.period_s = 3600.0  # no decision during the test
         iterator = iter(loader)
         first = next(iterator)
         stats = loader.stats()
-        assert (stats.max_in_flight, stats.readahead) == (level, (level + 1) * loader.coalesce)
+        assert (stats.max_in_flight, stats.readahead) == (4, 5 * loader.coalesce)
         batches = [first, *iterator]
         assert batch_ids(batches) == expected_rank_ids(loader)
-    assert (START_LEVEL_MEMORY, START_LEVEL) == (1, 4)
+    assert START_LEVEL == 4
+    memory._source.fill()
+    memory.set_epoch(1)
+    iterator = iter(memory)
+    first = next(iterator)
+    names = [thread.name for thread in threading.enumerate()]
+    assert THREAD_NAME not in names and iterator._iterator._tuner is None
+    assert batch_ids([first, *iterator]) == expected_rank_ids(memory)
 
 
 def test_decisions_match_the_recorded_trace():

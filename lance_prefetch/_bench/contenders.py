@@ -6,8 +6,11 @@ batches: the first ``batches`` batches of :class:`~lance_prefetch.sampling.Epoch
 batches, in the same order. Each contender:
 
 1. is built (``setup_s``: opening the dataset; nothing read yet);
-2. warms up: reads ``warmup_batches`` batches of :data:`WARMUP_EPOCH`, untimed and not counted
-   (``warmup_s``; for ``map-style`` this starts its worker processes);
+2. warms up: reads ``warmup_batches`` batches of :data:`WARMUP_EPOCH`, not counted
+   (``warmup_s``; for ``map-style`` this starts its worker processes; ``cold_first_batch_s``:
+   from the first ``iter()`` to the first batch); a ``lance-prefetch`` setting with a cache
+   then waits for its fill, started by that ``iter()`` in the background (``fill_s``: from that
+   ``iter()`` to the fill's end), so the timed passes read the filled cache;
 3. **throughput pass**: reads ``batches`` batches of :data:`THROUGHPUT_EPOCH` as fast as it can;
 4. **step pass**: reads ``batches`` batches of :data:`STEP_EPOCH`, sleeping ``step_ms`` after
    each one, as a training step would (not for ``ceiling``, which has no training loop).
@@ -262,6 +265,7 @@ def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, A
     started = time.perf_counter()
     contender.setup()
     setup_s = time.perf_counter() - started
+    cold_first_batch_s = fill_s = None
     try:
         started = time.perf_counter()
         if spec.warmup_batches:
@@ -269,7 +273,11 @@ def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, A
             if spec.kind in _WORKER_KINDS:  # one batch per worker, so every worker has started
                 count = max(count, spec.num_workers)
             for _ in contender.iterate(WARMUP_EPOCH, count):
-                pass
+                if cold_first_batch_s is None:
+                    cold_first_batch_s = time.perf_counter() - started
+        if spec.cache != "none" and hasattr(contender, "loader"):  # timed passes: filled
+            contender.loader._source.fill()
+            fill_s = time.perf_counter() - started
         warmup_s = time.perf_counter() - started
         common = {
             "kind": spec.kind,
@@ -292,6 +300,8 @@ def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, A
     return {
         "setup_s": setup_s,
         "warmup_s": warmup_s,
+        "cold_first_batch_s": cold_first_batch_s,
+        "fill_s": fill_s,
         "passes": {"throughput": throughput, "step": step},
         "ids": {str(THROUGHPUT_EPOCH): ids_0, str(STEP_EPOCH): ids_1},
         "notes": notes,
