@@ -281,7 +281,7 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
         label = {
             "lance-torch": "lance-torch (pseudo-random)",
             "ceiling": f"ceiling ({contender.get('best_concurrency')} threads)",
-        }.get(name, name)
+        }.get(name, contender["label"])  # a peer: its first setting
         line = {"color": color, "linestyle": style, "linewidth": 1.2, "label": label}
         left.axhline(contender["passes"]["throughput"]["rows_per_s"], **line)
         wait = contender["passes"].get("step", {}).get("wait_fraction")
