@@ -1,4 +1,5 @@
-# `make demo` and `make test` set up .venv on first use (torch's CPU build first), then run.
+# `make demo` and `make test` set up .venv on first use (torch's CPU build first, the peer
+# loaders the bench compares last), then run.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,6 +14,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,demo,bench,frameworks]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[peers]'
 	touch $(STAMP)
 
 # `lance-prefetch bench --local-s3` (and its test) serves object reads with nginx: install

@@ -234,8 +234,9 @@ def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
     fake["targets"] = list(targets.values())
     paths = report.write_outputs(fake, tmp_path / "out", "fake")
     markdown = paths["markdown"].read_text()
-    assert "| map-style | num_workers=4, spawn | failed: RuntimeError: boom |" in markdown
-    assert "| **lance-prefetch** (best) | readahead=4, max_in_flight=4 | 4,500 |" in markdown
+    assert "| map-style | num_workers=4, spawn | yes | failed: RuntimeError: boom |" in markdown
+    assert "| **lance-prefetch** (best) | readahead=4, max_in_flight=4 | yes | 4,500 |" in markdown
+    assert "**Targets:**" in markdown  # the report has them (--targets)
     assert paths["plot"].stat().st_size > 10_000
 
 
@@ -255,9 +256,10 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
                 id_column="id", record_ids=False)  # fmt: skip
     order = [(round_, label) for round_, label, _, _ in _plan(config, base)]
     assert order == [
-        (0, "sequential"), (0, "lance-prefetch r4/m4"), (0, "lance-prefetch r16/m4"),
-        (1, "lance-prefetch r16/m4"), (1, "lance-prefetch r4/m4"),
-        (2, "lance-prefetch r4/m4"), (2, "lance-prefetch r16/m4"),
+        (0, "sequential"), (0, "lance-prefetch defaults"), (0, "lance-prefetch r4/m4"),
+        (0, "lance-prefetch r16/m4"),
+        (1, "lance-prefetch r4/m4"), (1, "lance-prefetch r16/m4"), (1, "lance-prefetch defaults"),
+        (2, "lance-prefetch r16/m4"), (2, "lance-prefetch defaults"), (2, "lance-prefetch r4/m4"),
     ]  # fmt: skip
 
     fake = _fake_report(tmp_path)["contenders"]
@@ -321,12 +323,14 @@ def test_every_contender_reads_the_same_rows(tmp_path):
     result, paths = run_bench(config)
     contenders = {c["label"]: c for c in result["contenders"]}
     assert [c for c in contenders.values() if "error" in c] == []
-    assert sorted(contenders) == ["ceiling", "lance-prefetch r2/m2", "map-style", "sequential"]
+    assert sorted(contenders) == [
+        "ceiling", "lance-prefetch defaults", "lance-prefetch r2/m2", "map-style", "sequential"
+    ]  # fmt: skip
     for epoch in (0, 1):
         plan = EpochPlan(num_rows=700, batch_size=32, seed=0, epoch=epoch, world_size=1)
         expected = sorted(i for b in list(plan.rank_batches(0))[:6] for i in b.indices.tolist())
         readers = [c for c in contenders.values() if str(epoch) in c["ids"]]
-        assert len(readers) == (4 if epoch == 0 else 3)  # ceiling has no step pass
+        assert len(readers) == (5 if epoch == 0 else 4)  # ceiling has no step pass
         for contender in readers:
             record = contender["ids"][str(epoch)]
             assert record["from"] == "id column"
@@ -339,41 +343,54 @@ def test_every_contender_reads_the_same_rows(tmp_path):
 
 @pytest.mark.system
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # a process per contender, the peers among them
 def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, need_nginx):
     """Acceptance 2, small: the command prints the table, writes JSON + Markdown + PNG with the
-    expected contenders and fields, exits 0, and no process or listening port it started is left
-    (checked by the pids and ports it reports, and by any process naming its temporary folder)."""
+    expected contenders (the peer loaders too) and fields, exits 0, and no process or listening
+    port it started is left (checked by the pids and ports it reports, and by any process naming
+    its temporary folder)."""
     temp = tmp_path / "tmp"
     temp.mkdir()
     out = tmp_path / "out"
     command = [
         sys.executable, "-m", "lance_prefetch", "bench", "--local-s3", "--rows", "600",
         "--rows-per-file", "200", "--batch-size", "64", "--batches", "4", "--warmup-batches", "1",
-        "--contenders", "sequential,lance-prefetch", "--readahead", "2", "--max-in-flight", "2",
+        "--contenders", "sequential,lance-prefetch,peers", "--readahead", "2",
+        "--max-in-flight", "2", "--grain-threads", "2", "--spdl-concurrency", "2",
         "--delay-ms", "5", "--jitter-ms", "1", "--tail-fraction", "0", "--step-ms", "5",
-        "--out", str(out), "--name", "tiny",
+        "--out", str(out), "--name", "tiny", "--targets",
     ]  # fmt: skip
     result = subprocess.run(
-        command, capture_output=True, text=True, timeout=90, check=False,
+        command, capture_output=True, text=True, timeout=200, check=False,
         env={**os.environ, "TMPDIR": str(temp)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"^\| contender \| settings \| rows/s \|", result.stdout, re.MULTILINE)
+    assert re.search(
+        r"^\| contender \| settings \| uniform \| rows/s \|", result.stdout, re.MULTILINE
+    )
     assert (out / "tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| sequential |" in (out / "tiny.md").read_text()
     data = json.loads((out / "tiny.json").read_text())
-    assert [c["label"] for c in data["contenders"]] == ["sequential", "lance-prefetch r2/m2"]
+    assert [c["label"] for c in data["contenders"]] == [
+        "sequential", "lance-prefetch defaults", "lance-prefetch r2/m2", "grain num_threads=2",
+        "spdl concurrency=2", "lancedb-streaming num_splits=1",
+    ]  # fmt: skip
     for contender in data["contenders"]:
         assert "error" not in contender
+        timed = contender["name"] != "lancedb-streaming"  # its reads run inside LanceDB
         for field in ("rows_per_s", "batches_per_s", "mib_per_s", "first_batch_s",
-                      "take_p50_ms", "take_p99_ms"):  # fmt: skip
+                      *(("take_p50_ms", "take_p99_ms") if timed else ())):  # fmt: skip
             assert contender["passes"]["throughput"][field] > 0, field
+        assert contender["passes"]["throughput"]["rows"] == 4 * 64
         assert 0 <= contender["passes"]["step"]["wait_fraction"] <= 1
         assert contender["peak_rss_mib"] > 0
     storage = data["meta"]["storage"]
     assert storage["kind"] == "emulated S3" and "lance_aimd_max_rate=5000" not in storage["limiter"]
     assert storage["limiter"].startswith("pinned at 5000 requests/s")
     assert data["ids_check"]["ok"]
+    assert data["ids_check"]["epochs"]["0"]["contenders"] == [
+        "sequential", "lance-prefetch defaults", "lance-prefetch r2/m2", "spdl concurrency=2"
+    ]  # fmt: skip
     assert {t["target"] for t in data["targets"]} >= {
         "emulated S3: best lance-prefetch >= 4x sequential rows/s"
     }

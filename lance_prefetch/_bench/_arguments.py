@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._spec import KINDS
+from ._spec import KINDS, PEER_KINDS
 from .config import BenchConfig
 from .latency_proxy import Latency
 
@@ -52,6 +52,12 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _contenders(text: str) -> tuple[str, ...]:
+    """Contender names; ``peers`` stands for the three peer loaders."""
+    names = [PEER_KINDS if name == "peers" else (name,) for name in _names(text)]
+    return tuple(dict.fromkeys(name for group in names for name in group))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` command's arguments to ``parser``."""
     defaults = BenchConfig()
@@ -91,8 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--ceiling-repeats", type=int, default=defaults.ceiling_repeats,
         help="runs of ceiling per pool size; the best counts (default: 2)")  # fmt: skip
     add("--map-workers", type=int, default=defaults.map_workers)
-    add("--contenders", type=_names, default=defaults.contenders,
-        help=f"comma-separated, among {','.join(KINDS)} (default: the first five)")  # fmt: skip
+    add("--grain-threads", type=_int_list, default=defaults.grain_threads, metavar="N,...",
+        help="grain: ReadOptions.num_threads of each setting (default: 16)")  # fmt: skip
+    add("--spdl-concurrency", type=_int_list, default=defaults.spdl_concurrency,
+        metavar="N,...", help="spdl: take concurrency of each setting (default: 8)")  # fmt: skip
+    add("--streaming-splits", type=_int_list, default=defaults.streaming_splits,
+        metavar="N,...", help="lancedb-streaming: num_splits of each setting (default: 1)")  # fmt: skip
+    add("--contenders", type=_contenders, default=defaults.contenders,
+        help=f"comma-separated, among {','.join(KINDS)}; 'peers' for "
+        f"{','.join(PEER_KINDS)} (pip install 'lance-prefetch[peers]' after torch) (default: "
+        f"the first five)")  # fmt: skip
     add("--delay-ms", type=float, default=latency.delay_ms, help="--local-s3 added delay, ms")
     add("--jitter-ms", type=float, default=latency.jitter_ms, help="+/- uniform jitter, ms")
     add("--tail-fraction", type=float, default=latency.tail_fraction,
@@ -113,6 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--name", default=defaults.name, help="file name of the outputs, without suffix")
     add("--contender-timeout-s", type=float, default=defaults.contender_timeout_s)
     add("--no-progress", action="store_true", help="no progress bar")
+    add("--targets", action="store_true",
+        help="add the development targets (met or missed) to the report")  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -141,6 +157,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         ceiling_concurrency=args.ceiling_concurrency,
         ceiling_repeats=args.ceiling_repeats,
         map_workers=args.map_workers,
+        grain_threads=args.grain_threads,
+        spdl_concurrency=args.spdl_concurrency,
+        streaming_splits=args.streaming_splits,
         contenders=args.contenders,
         latency=Latency(
             delay_ms=args.delay_ms,
@@ -158,4 +177,5 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         name=args.name,
         contender_timeout_s=args.contender_timeout_s,
         progress=not args.no_progress,
+        targets=args.targets,
     )

@@ -14,8 +14,10 @@ __all__ = [
     "ContenderSpec",
     "DEFAULT_KINDS",
     "KINDS",
+    "PEER_KINDS",
     "STEP_EPOCH",
     "THROUGHPUT_EPOCH",
+    "UNIFORM",
     "WARMUP_EPOCH",
     "open_dataset",
     "plan_batches",
@@ -31,9 +33,22 @@ KINDS = (
     "prefetch-workers",
     "lance-map",
     "lance-map-rows",
+    "grain",
+    "spdl",
+    "lancedb-streaming",
 )
 #: What runs without ``--contenders``.
 DEFAULT_KINDS = KINDS[:5]
+#: The peer loaders (the ``peers`` extra): ``--contenders peers`` names them all.
+PEER_KINDS = ("grain", "spdl", "lancedb-streaming")
+#: Whether each contender's batches are uniformly random (every batch a uniform sample of the
+#: epoch's rows without replacement), and how.
+UNIFORM = {
+    **dict.fromkeys(KINDS, "yes"),
+    "lance-torch": "no (shuffled contiguous ranges)",
+    "grain": "yes (its own shuffle)",
+    "lancedb-streaming": "yes (its own shuffle)",
+}
 #: The epochs of the throughput, step and warm-up passes.
 THROUGHPUT_EPOCH, STEP_EPOCH, WARMUP_EPOCH = 0, 1, 2
 
@@ -65,6 +80,12 @@ class ContenderSpec:
         ceiling_repeats (int): runs of ``ceiling`` per pool size. Default: ``2``.
         num_workers (int): DataLoader workers for ``map-style``. Default: ``4``.
         lance_torch_readahead (int): ``batch_readahead`` of ``lance-torch``. Default: ``16``.
+        defaults (bool): ``lance-prefetch`` with none of its tuning arguments (its defaults);
+            ``readahead``, ``max_in_flight``, ``coalesce`` are then not passed. Default: ``False``.
+        threads (int): ``grain``'s ``ReadOptions.num_threads``; ``spdl``'s ``take`` concurrency
+            (and its pipeline's threads). Default: ``16``.
+        splits (int): ``num_splits`` of ``lancedb-streaming`` (each split reads with its own
+            ``io_queue_depth`` of 4 reads in flight). Default: ``1``.
     """
 
     kind: str
@@ -88,6 +109,9 @@ class ContenderSpec:
     ceiling_repeats: int = 2
     num_workers: int = 4
     lance_torch_readahead: int = 16
+    defaults: bool = False
+    threads: int = 16
+    splits: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

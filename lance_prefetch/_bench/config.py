@@ -12,6 +12,7 @@ from .latency_proxy import Latency
 __all__ = ["BenchConfig"]
 
 _LOCAL_SCHEMES = ("", "file", "file+uring")
+_AUTO = ("readahead", "max_in_flight", "coalesce")  # the settings that may be "auto"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,8 +52,16 @@ class BenchConfig:
             ``(4, 16, 64)``.
         ceiling_repeats (int): runs of ``ceiling`` per pool size; the best counts. Default: ``2``.
         map_workers (int): DataLoader workers of ``map-style``. Default: ``4``.
+        grain_threads (tuple[int, ...]): ``ReadOptions.num_threads`` of each ``grain`` setting.
+            Default: ``(16,)`` (Grain's default).
+        spdl_concurrency (tuple[int, ...]): ``take`` concurrency of each ``spdl`` setting.
+            Default: ``(8,)``.
+        streaming_splits (tuple[int, ...]): ``num_splits`` of each ``lancedb-streaming`` setting.
+            Default: ``(1,)`` (its default for one process).
         contenders (tuple[str, ...]): which contenders to run. Default:
-            :data:`~lance_prefetch._bench._spec.DEFAULT_KINDS` (the first five).
+            :data:`~lance_prefetch._bench._spec.DEFAULT_KINDS` (the first five). With
+            ``lance-prefetch``, its defaults (no tuning arguments) run too, as
+            ``lance-prefetch defaults``.
         latency (Latency): latency added by the emulated S3. Default: ``Latency()``.
         aimd_rate (int): pins Lance's request-rate limiter on object stores
             (``lance_aimd_initial_rate`` = ``lance_aimd_max_rate``, requests/s) unless the storage
@@ -69,6 +78,8 @@ class BenchConfig:
         contender_timeout_s (float): a contender running longer is stopped and reported as
             failed. Default: ``300``.
         progress (bool): show a progress bar on stderr. Default: ``True``.
+        targets (bool): add the development targets (met or missed) to the report. Default:
+            ``False``.
 
     Raises:
         ValueError: a value is out of range, ``local_s3`` with a ``uri``, an unknown contender, or
@@ -94,6 +105,9 @@ class BenchConfig:
     ceiling_concurrency: tuple[int, ...] = (4, 16, 64)
     ceiling_repeats: int = 2
     map_workers: int = 4
+    grain_threads: tuple[int, ...] = (16,)
+    spdl_concurrency: tuple[int, ...] = (8,)
+    streaming_splits: tuple[int, ...] = (1,)
     contenders: tuple[str, ...] = DEFAULT_KINDS
     latency: Latency = field(default_factory=Latency)
     aimd_rate: int = 5000
@@ -105,6 +119,7 @@ class BenchConfig:
     name: str = "bench"
     contender_timeout_s: float = 300.0
     progress: bool = True
+    targets: bool = False
 
     def __post_init__(self) -> None:
         if self.local_s3 and self.uri is not None:
@@ -131,9 +146,12 @@ class BenchConfig:
         unknown = [name for name in self.contenders if name not in KINDS]
         if unknown or not self.contenders:
             raise ValueError(f"contenders should be among {list(KINDS)}, but got {unknown or '[]'}")
-        for name in ("readahead", "max_in_flight", "coalesce", "ceiling_concurrency"):
+        for name in (
+            "readahead", "max_in_flight", "coalesce", "ceiling_concurrency", "grain_threads",
+            "spdl_concurrency", "streaming_splits",
+        ):  # fmt: skip
             values = getattr(self, name)
-            numbers = [v for v in values if v != "auto" or name == "ceiling_concurrency"]
+            numbers = [v for v in values if v != "auto" or name not in _AUTO]
             if not values or any(not isinstance(v, int) or v < 1 for v in numbers):
                 raise ValueError(
                     f"{name} should be integers >= 1 (or 'auto'), but got {list(values)}"
@@ -168,10 +186,6 @@ class BenchConfig:
             for c in dict.fromkeys(self.coalesce)
             for r, m in self.grid()
         ]
-
-
-def _scheme(uri: str) -> str:
-    return uri.split("://", 1)[0] if "://" in uri else ""
 
 
 def _scheme(uri: str) -> str:

@@ -38,9 +38,15 @@ contender           what it runs
                     ``map-style`` (plan sampler, ``num_workers``, spawn, persistent)
 ``lance-map-rows``  the same dataset read row by row (``__getitem__``: one ``take`` per row) and the
                     default collate: what a map-style dataset costs without ``__getitems__``
+``grain``           Grain's global index shuffle, one ``take`` per index batch (a peer loader)
+``spdl``            the plan's batches through an SPDL pipeline with a concurrent ``take`` stage
+``lancedb-streaming`` LanceDB's ``StreamingDataset`` under a ``DataLoader``; the three peers need
+                    the ``peers`` extra (:mod:`~lance_prefetch._bench._peer_contenders`)
 ==================  ===================================================================================
 
-The last three are not run unless asked for (``--contenders``); ``docs/choosing.md`` uses them.
+The last six are not run unless asked for (``--contenders``; ``peers`` names the last three);
+``docs/choosing.md`` uses ``prefetch-workers``, ``lance-map`` and ``lance-map-rows``.
+``lance-prefetch`` also runs once with none of its tuning arguments (``defaults``).
 
 What a pass measures (times from :func:`time.perf_counter`):
 
@@ -67,6 +73,7 @@ import numpy as np
 from ..convert import to_tensors
 from ._map_contenders import LanceMap, LanceMapRows, MapStyle
 from ._measure import measure_pass, peak_rss_mib, rss_mib
+from ._peer_contenders import Grain, LanceDBStreaming, Spdl
 from ._spec import (
     STEP_EPOCH,
     THROUGHPUT_EPOCH,
@@ -181,14 +188,19 @@ class _LancePrefetch:
         elif spec.cache == "disk":
             self._cache_dir = tempfile.TemporaryDirectory(prefix="lance-bench-cache-")
             cache = {"cache": "disk", "cache_dir": self._cache_dir.name}
+        tuning = {}
+        if not spec.defaults:
+            tuning = {
+                "readahead": spec.readahead,
+                "max_in_flight": spec.max_in_flight,
+                "coalesce": spec.coalesce,
+            }
         self.loader = PrefetchLoader(
             spec.uri,
             spec.batch_size,
             columns=spec.columns,
             seed=spec.seed,
-            readahead=spec.readahead,
-            max_in_flight=spec.max_in_flight,
-            coalesce=spec.coalesce,
+            **tuning,
             rank=0,
             world_size=1,
             storage_options=spec.storage_options,
@@ -254,6 +266,9 @@ _CONTENDERS: dict[str, Callable[[ContenderSpec], Any]] = {
     "prefetch-workers": _PrefetchWorkers,
     "lance-map": LanceMap,
     "lance-map-rows": LanceMapRows,
+    "grain": Grain,
+    "spdl": Spdl,
+    "lancedb-streaming": LanceDBStreaming,
 }
 
 

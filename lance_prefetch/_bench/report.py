@@ -6,7 +6,11 @@ A report is a plain dict (written as JSON as it is)::
     {"meta": {...machine, versions, dataset, storage, settings...},
      "contenders": [{"name", "label", "settings", "passes": {"throughput": {...}, "step": {...}},
                      "ids": {"0": {...}, "1": {...}}, "peak_rss_mib", "notes", ...}, ...],
-     "ids_check": {...}, "targets": [...]}
+     "ids_check": {...}, "targets": [...] (with ``--targets`` only)}
+
+A contender has ``uniform`` (whether its batches are uniformly random, and how; see
+:data:`~lance_prefetch._bench._spec.UNIFORM`), and ``skipped`` (why, and how to install it) in place
+of ``passes`` when it is a peer loader that is not installed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ._spec import UNIFORM
 from .verdicts import (
     PREFETCH,
     best_prefetch,
@@ -40,7 +45,9 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
     settings = contender.get("settings", {})
     if contender["name"] == PREFETCH:
         text = f"readahead={settings['readahead']}, max_in_flight={settings['max_in_flight']}"
-        if "coalesce" in settings:  # (reports written before coalescing read one take a batch)
+        if settings.get("defaults"):
+            text = f"no tuning arguments (its defaults: {text}, coalesce={settings['coalesce']})"
+        elif "coalesce" in settings:  # (reports before coalescing read one take a batch)
             text += f", coalesce={settings['coalesce']}"
         if settings.get("cache", "none") != "none":
             text += f", cache={settings['cache']}"
@@ -67,7 +74,25 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
         )
     if contender["name"] == "lance-torch":
         return f"batch_readahead={settings['batch_readahead']}, pseudo-random"
+    if contender["name"] == "grain":
+        return f"ReadOptions(num_threads={settings['num_threads']}), one take per index batch"
+    if contender["name"] == "spdl":
+        return f"take concurrency={settings['concurrency']}, output_order=input"
+    if contender["name"] == "lancedb-streaming":
+        return f"num_splits={settings['num_splits']}, read_batch_size=64, io_queue_depth=4"
     return ""
+
+
+def uniform_text(contender: Mapping[str, Any]) -> str:
+    """Whether the contender's batches are uniformly random (``yes``, ``yes (...)``, ``no (...)``)."""
+    return contender.get("uniform") or UNIFORM.get(contender["name"], "n/a")
+
+
+def display_name(contender: Mapping[str, Any]) -> str:
+    """The contender's name, with ``defaults`` for the loader run without tuning arguments."""
+    if contender["name"] == PREFETCH and setting_of(contender, "defaults", False):
+        return f"{PREFETCH} defaults"
+    return contender["name"]
 
 
 def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
@@ -75,20 +100,22 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
     step_ms = report["meta"]["settings"]["step_ms"]
     rows = [
         [
-            "contender", "settings", "rows/s", "batches/s", "MiB/s", "first batch ms",
+            "contender", "settings", "uniform", "rows/s", "batches/s", "MiB/s", "first batch ms",
             "take p50 ms", "take p99 ms", "peak RSS MiB", f"waited, {step_ms:g} ms step",
             "start s",
         ]
     ]  # fmt: skip
     best = best_prefetch(report["contenders"])
     for contender in report["contenders"]:
-        name = contender["name"]
+        name = display_name(contender)
         if best is not None and contender is best:
             name = f"**{name}** (best)"
+        elif name != contender["name"]:
+            name = f"**{name}**"
         if not is_ok(contender):
-            rows.append(
-                [name, _settings_text(contender), f"failed: {contender['error']}"] + [""] * 8
-            )
+            why = f"skipped: {contender['skipped']}" if "skipped" in contender else None
+            why = why or f"failed: {contender['error']}"
+            rows.append([name, _settings_text(contender), uniform_text(contender), why] + [""] * 8)
             continue
         throughput = contender["passes"]["throughput"]
         step = contender["passes"].get("step", {})
@@ -96,6 +123,7 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
             [
                 name,
                 _settings_text(contender),
+                uniform_text(contender),
                 _fmt(throughput["rows_per_s"]),
                 _fmt(throughput["batches_per_s"], ",.1f"),
                 _fmt(throughput["mib_per_s"], ",.1f"),
@@ -111,7 +139,8 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
 
 
 def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> str:
-    """The report as Markdown: setup, the table, the same-ids check, the targets, the notes."""
+    """The report as Markdown: setup, the table, the same-ids check, the comparisons, the notes
+    (and the targets, when the report has them: ``--targets``)."""
     meta = report["meta"]
     settings, storage, dataset = meta["settings"], meta["storage"], meta["dataset"]
     lines = [
@@ -130,6 +159,9 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
         f"(rows/s, MiB/s, first batch, take latency), then {settings['batches']} more with a "
         f"{settings['step_ms']:g} ms sleep after each (waited); start = building it and the "
         f"warm-up (for map-style: starting its workers); seed {settings['seed']}",
+        "- uniform: whether every batch is a uniform random sample of the epoch's rows (yes), and "
+        "whose shuffle it is when not the plan's; lance-prefetch defaults: the loader given no "
+        "tuning arguments, next to the tuned settings",
         f"- total run time: {meta['total_s']:.0f} s",
         "",
     ]
@@ -159,8 +191,9 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
     if comparisons:
         lines += ["", "**Comparisons:**"]
         lines.extend(f"- {c['what']}: **{c['ratio']:.1f}x** ({c['detail']})" for c in comparisons)
-    lines += ["", "**Targets:**"]
-    for target in report["targets"]:
+    if report.get("targets") is not None:  # --targets
+        lines += ["", "**Targets:**"]
+    for target in report.get("targets") or []:
         if not target["applies"]:  # e.g. an S3 target on a local run: the ratio, for information
             lines.append(
                 f"- {target['target']}: does not apply to this storage; {target['detail']}"
@@ -178,17 +211,23 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
 
 # -- plot ------------------------------------------------------------------------------------------
 def write_plot(report: Mapping[str, Any], path: Path) -> None:
-    """Rows/s and wait fraction vs readahead, one line per max_in_flight, baselines as lines."""
+    """Above: rows/s and wait fraction vs readahead, one line per max_in_flight, the other
+    contenders as horizontal lines. Below: every contender's rows/s as a bar, labelled with its
+    setting and whether it is uniform, annotated with its first batch and peak RSS."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     contenders = [c for c in report["contenders"] if is_ok(c)]
+    entries = report["contenders"]
+    figure = plt.figure(figsize=(12, 5.4 + 0.32 * len(entries)), layout="constrained")
+    top, bottom = figure.subfigures(2, 1, height_ratios=[4.8, 0.6 + 0.32 * len(entries)])
+    left, right = top.subplots(1, 2)
+    _bars(bottom.subplots(), entries)
     # lines: the fixed settings without a cache, one per (max_in_flight, coalesce); the others
     # (readahead="auto", caches) as horizontal lines
     grid = prefetch_runs(contenders, auto=False)
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     lines = sorted(
         {(c["settings"]["max_in_flight"], str(setting_of(c, "coalesce", "auto"))) for c in grid}
@@ -213,11 +252,12 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
             color=color, label=label,
         )  # fmt: skip
     others = [
-        c for c in prefetch_runs(contenders, cache=None) if c not in grid
-    ]  # readahead="auto" and the caches
+        c for c in contenders if c["name"] == PREFETCH and c not in grid
+    ]  # the defaults, readahead="auto" and the caches
     for index, contender in enumerate(others):
         line = {"color": colors[(len(lines) + index) % len(colors)], "linestyle": "--",
-                "linewidth": 1.5, "label": contender["label"]}  # fmt: skip
+                "linewidth": 2.5 if contender["label"].endswith("defaults") else 1.5,
+                "label": contender["label"]}  # fmt: skip
         left.axhline(contender["passes"]["throughput"]["rows_per_s"], **line)
         wait = contender["passes"]["step"].get("wait_fraction")
         if wait is not None:
@@ -230,6 +270,9 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
         "prefetch-workers": ("tab:green", "--"),
         "lance-map": ("tab:orange", "--"),
         "lance-map-rows": ("tab:brown", ":"),
+        "grain": ("tab:olive", "-."),
+        "spdl": ("tab:cyan", "-."),
+        "lancedb-streaming": ("tab:pink", "-."),
     }
     for name, (color, style) in baselines.items():
         contender = by_name(contenders, name)
@@ -238,7 +281,7 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
         label = {
             "lance-torch": "lance-torch (pseudo-random)",
             "ceiling": f"ceiling ({contender.get('best_concurrency')} threads)",
-        }.get(name, name)
+        }.get(name, contender["label"])  # a peer: its first setting
         line = {"color": color, "linestyle": style, "linewidth": 1.2, "label": label}
         left.axhline(contender["passes"]["throughput"]["rows_per_s"], **line)
         wait = contender["passes"].get("step", {}).get("wait_fraction")
@@ -252,7 +295,8 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
             axis.minorticks_off()
         axis.set_xlabel("readahead (batches)")
         axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=8)
+        if axis.get_legend_handles_labels()[0]:  # (no step pass: nothing on the right)
+            axis.legend(fontsize=8)
     left.set_ylabel("rows/s (throughput pass)")
     left.set_ylim(bottom=0)
     step_ms = report["meta"]["settings"]["step_ms"]
@@ -275,6 +319,43 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
     )
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _bars(axis: Any, entries: list[Mapping[str, Any]]) -> None:
+    """Each contender's rows/s (throughput pass) as a horizontal bar, first entry on top."""
+    labels, rates, texts, colors = [], [], [], []
+    for entry in entries:
+        label = f"{entry['label']}\nuniform: {uniform_text(entry)}"
+        defaults = setting_of(entry, "defaults", False)
+        if defaults:  # the values it ran with
+            label += "; " + ", ".join(
+                f"{name}={setting_of(entry, name, '?')}"
+                for name in ("readahead", "max_in_flight", "coalesce")
+            )
+        labels.append(label)
+        colors.append(
+            "tab:orange" if defaults else "tab:blue" if entry["name"] == PREFETCH else "tab:gray"
+        )
+        if not is_ok(entry):
+            rates.append(0.0)
+            texts.append("skipped (not installed)" if "skipped" in entry else "failed")
+            continue
+        throughput = entry["passes"]["throughput"]
+        rates.append(throughput["rows_per_s"])
+        texts.append(
+            f"{throughput['rows_per_s']:,.0f} rows/s, first batch "
+            f"{_fmt(throughput['first_batch_s'], ',.0f', 1000)} ms, peak RSS "
+            f"{_fmt(entry.get('peak_rss_mib'))} MiB"
+        )
+    positions = list(range(len(entries)))[::-1]
+    axis.barh(positions, rates, color=colors, height=0.6)
+    top = max(rates, default=0.0) or 1.0
+    for position, rate, text in zip(positions, rates, texts, strict=True):
+        axis.text(rate + top * 0.01, position, text, va="center", fontsize=7)
+    axis.set_yticks(positions, labels, fontsize=7)
+    axis.set_xlim(0, top * 1.6)
+    axis.set_xlabel("rows/s (throughput pass)")
+    axis.grid(True, axis="x", alpha=0.3)
 
 
 def write_outputs(report: Mapping[str, Any], out_dir: Path, name: str) -> dict[str, Path]:

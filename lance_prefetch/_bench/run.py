@@ -22,7 +22,7 @@ from typing import Any
 from .._storage import redact
 from . import _environment as environment
 from ._process import sigint_ignored
-from ._spec import KINDS, ContenderSpec
+from ._spec import KINDS, UNIFORM, ContenderSpec
 from .config import _LOCAL_SCHEMES, BenchConfig, _scheme
 
 __all__ = ["BenchConfig", "run_bench"]
@@ -73,7 +73,8 @@ def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     report["meta"]["load_average_end"] = environment.load_average()
     report["ids_check"] = verdicts.check_ids(report["contenders"])  # every run, every round
     report["contenders"] = verdicts.merge_rounds(report["contenders"])
-    report["targets"] = verdicts.evaluate_targets(report)
+    if config.targets:  # development targets: only when asked for
+        report["targets"] = verdicts.evaluate_targets(report)
     report["comparisons"] = verdicts.comparisons(report["contenders"])
     report["meta"]["total_s"] = time.perf_counter() - started
     paths = reporting.write_outputs(report, Path(config.out_dir), config.name)
@@ -213,6 +214,9 @@ def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]
         "ceiling_concurrency": list(config.ceiling_concurrency),
         "ceiling_repeats": config.ceiling_repeats,
         "map_workers": config.map_workers,
+        "grain_threads": list(config.grain_threads),
+        "spdl_concurrency": list(config.spdl_concurrency),
+        "streaming_splits": list(config.streaming_splits),
         "contenders": list(config.contenders),
     }
 
@@ -239,9 +243,22 @@ def _round_zero(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, di
         if kind not in config.contenders:
             continue
         if kind == "lance-prefetch":
+            spec = ContenderSpec(kind=kind, defaults=True, **base)
+            runs.append((f"{kind} defaults", {"defaults": True, **_loader_defaults()}, spec))
             for settings in config.prefetch_settings():
                 spec = ContenderSpec(kind=kind, **settings, **base)
                 runs.append((_prefetch_label(config, settings), settings, spec))
+            continue
+        peer = {  # a peer's settings: (its parameter, the spec's field, the values)
+            "grain": ("num_threads", "threads", config.grain_threads),
+            "spdl": ("concurrency", "threads", config.spdl_concurrency),
+            "lancedb-streaming": ("num_splits", "splits", config.streaming_splits),
+        }.get(kind)
+        if peer is not None:
+            parameter, field, values = peer
+            for value in dict.fromkeys(values):
+                spec = ContenderSpec(kind=kind, **{field: value}, **base)
+                runs.append((f"{kind} {parameter}={value}", {parameter: value}, spec))
             continue
         settings: dict[str, Any] = {}
         extra: dict[str, Any] = {}
@@ -258,6 +275,16 @@ def _round_zero(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, di
             settings["batch_readahead"] = 16
         runs.append((kind, settings, ContenderSpec(kind=kind, **extra, **base)))
     return runs
+
+
+def _loader_defaults() -> dict[str, Any]:
+    """``PrefetchLoader``'s defaults of the settings the grid varies."""
+    import inspect
+
+    from .. import PrefetchLoader
+
+    parameters = inspect.signature(PrefetchLoader).parameters
+    return {name: parameters[name].default for name in ("readahead", "max_in_flight", "coalesce")}
 
 
 def _prefetch_label(config: BenchConfig, settings: Mapping[str, Any]) -> str:
@@ -289,6 +316,7 @@ def _run_contenders(
     from tqdm import tqdm
 
     from ._launch import run_isolated
+    from ._peer_contenders import missing_peer
 
     settings = _settings(config, dataset)
     base = {
@@ -319,19 +347,25 @@ def _run_contenders(
     ) as bar:
         for index, (round_, label, run_settings, spec) in enumerate(runs):
             bar.set_description(f"{label} ({index + 1}/{len(runs)})")
-            result = run_isolated(
-                spec,
-                workdir=workdir,
-                tag=f"{index:02d}-{spec.kind}",
-                env=env,
-                progress=bar.update,
-                timeout_s=config.contender_timeout_s,
-            )
+            missing = missing_peer(spec.kind)
+            if missing is not None:  # a peer that is not installed: a row saying so
+                bar.write(f"{label} skipped: {missing}", file=sys.stderr)
+                bar.update(_ticks(spec))
+                result = {"skipped": missing}
+            else:
+                result = run_isolated(
+                    spec,
+                    workdir=workdir,
+                    tag=f"{index:02d}-{spec.kind}",
+                    env=env,
+                    progress=bar.update,
+                    timeout_s=config.contender_timeout_s,
+                )
             if "error" in result:
                 bar.write(f"{label} failed: {result['error']}", file=sys.stderr)
                 logger.warning("%s failed: %s\n%s", label, result["error"], result.get("log", ""))
             results.append(
                 {"name": spec.kind, "label": label, "settings": run_settings, "round": round_,
-                 **result}
+                 "uniform": UNIFORM[spec.kind], **result}
             )  # fmt: skip
     return results

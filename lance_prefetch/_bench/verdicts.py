@@ -27,13 +27,15 @@ BASELINES = ("sequential", "map-style", "lance-torch", "ceiling")
 EXCLUDED_FROM_IDS = {
     "lance-torch": "pseudo-random sampler of its own (shuffled contiguous ranges), so it cannot "
     "read the plan's batches",
+    "grain": "Grain's own global index shuffle (uniform), not the plan's batches",
+    "lancedb-streaming": "its own permutation (uniform), not the plan's batches",
 }
 WAIT_TARGET = 0.05
 
 
 def is_ok(contender: Mapping[str, Any]) -> bool:
-    """Whether the contender's run ended without an error."""
-    return "error" not in contender
+    """Whether the contender ran and ended without an error (not failed, not skipped)."""
+    return "error" not in contender and "skipped" not in contender
 
 
 def check_ids(contenders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -57,6 +59,9 @@ def check_ids(contenders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         name = contender["label"]
         if contender["name"] in EXCLUDED_FROM_IDS:
             excluded[name] = EXCLUDED_FROM_IDS[contender["name"]]
+            continue
+        if "skipped" in contender:
+            excluded[name] = f"skipped: {contender['skipped']}"
             continue
         if not is_ok(contender):
             excluded[name] = f"failed: {contender['error']}"
@@ -146,8 +151,9 @@ def merge_rounds(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
 
 
 def failures(contenders: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Labels of the contenders that failed, in every run or in some (``failed_rounds``)."""
-    return [c["label"] for c in contenders if not is_ok(c) or c.get("failed_rounds")]
+    """Labels of the contenders that failed, in every run or in some (``failed_rounds``); a
+    skipped one (a peer not installed) is not a failure."""
+    return [c["label"] for c in contenders if "error" in c or c.get("failed_rounds")]
 
 
 def by_name(contenders: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
@@ -174,12 +180,14 @@ def prefetch_runs(
     auto: bool | None = None,
     coalesce: int | str | None = None,
 ) -> list[Mapping[str, Any]]:
-    """The ``lance-prefetch`` settings that ran: those with ``cache`` (``None``: any), with
-    readahead ``"auto"`` (``auto=True``) or fixed (``auto=False``; ``None``: either), and with
-    ``coalesce`` (``None``: any)."""
+    """The ``lance-prefetch`` settings that ran, but its defaults (``lance-prefetch defaults``):
+    those with ``cache`` (``None``: any), with readahead ``"auto"`` (``auto=True``) or fixed
+    (``auto=False``; ``None``: either), and with ``coalesce`` (``None``: any)."""
     runs = []
     for contender in contenders:
         if contender["name"] != PREFETCH or not is_ok(contender):
+            continue
+        if setting_of(contender, "defaults", False):
             continue
         if cache is not None and setting_of(contender, "cache", "none") != cache:
             continue
@@ -239,9 +247,7 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     targets.extend(_performance_targets(report, remote))
 
     applicable, missed = [], []
-    for contender in contenders:
-        if contender["name"] != PREFETCH or not is_ok(contender):
-            continue
+    for contender in prefetch_runs(contenders, cache=None):
         step = contender["passes"]["step"]
         mean_take = step.get("take_mean_ms")
         mif = contender["settings"]["max_in_flight"]
