@@ -123,11 +123,12 @@ def test_the_defaults_row_is_marked_and_kept_out_of_the_tuned_settings():
                   "first_batch_s": 0.25, "take_p50_ms": 1.0, "take_p99_ms": 2.0}  # fmt: skip
         return {"name": "lance-prefetch", "label": label, "settings": settings,
                 "uniform": "yes", "setup_s": 0.1, "warmup_s": 0.2, "peak_rss_mib": 321.0,
+                "cold_first_batch_s": 0.6,
                 "passes": {"throughput": passes, "step": {"wait_fraction": 0.01}}}  # fmt: skip
 
     defaults = run(
         "lance-prefetch defaults",
-        {"defaults": True, "readahead": 8, "max_in_flight": 4, "coalesce": "auto"},
+        {"defaults": True, "readahead": "auto", "max_in_flight": "auto", "coalesce": "auto"},
         9000.0,
     )
     tuned = run("lance-prefetch r4/m4", {"readahead": 4, "max_in_flight": 4}, 5000.0)
@@ -137,10 +138,10 @@ def test_the_defaults_row_is_marked_and_kept_out_of_the_tuned_settings():
         {"meta": {"settings": {"step_ms": 50}}, "contenders": [defaults, tuned]}
     )
     assert table[0][:4] == ["contender", "settings", "uniform", "rows/s"]
-    assert table[1][:7] == [
+    assert table[1][:8] == [
         "**lance-prefetch defaults**",
-        "no tuning arguments (its defaults: readahead=8, max_in_flight=4, coalesce=auto)",
-        "yes", "9,000", "1.0", "1.0", "250",
+        "no tuning arguments (its defaults: readahead=auto, max_in_flight=auto, coalesce=auto)",
+        "yes", "9,000", "1.0", "1.0", "600", "250",
     ]  # fmt: skip
-    assert table[1][9] == "321"  # peak RSS MiB
+    assert table[1][10] == "321"  # peak RSS MiB
     assert table[2][:3] == ["**lance-prefetch** (best)", "readahead=4, max_in_flight=4", "yes"]
