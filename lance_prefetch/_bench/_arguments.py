@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--contenders", type=_contenders, default=defaults.contenders,
         help=f"comma-separated, among {','.join(KINDS)}; 'peers' for "
         f"{','.join(PEER_KINDS)} (pip install 'lance-prefetch[peers]' after torch) (default: "
-        f"the first five)")  # fmt: skip
+        f"the first five and the peers)")  # fmt: skip
     add("--delay-ms", type=float, default=latency.delay_ms, help="--local-s3 added delay, ms")
     add("--jitter-ms", type=float, default=latency.jitter_ms, help="+/- uniform jitter, ms")
     add("--tail-fraction", type=float, default=latency.tail_fraction,

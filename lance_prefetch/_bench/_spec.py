@@ -37,10 +37,11 @@ KINDS = (
     "spdl",
     "lancedb-streaming",
 )
-#: What runs without ``--contenders``.
-DEFAULT_KINDS = KINDS[:5]
 #: The peer loaders (the ``peers`` extra): ``--contenders peers`` names them all.
 PEER_KINDS = ("grain", "spdl", "lancedb-streaming")
+#: What runs without ``--contenders``: the first five and the peers (a peer not installed is a
+#: skipped row saying how to install it).
+DEFAULT_KINDS = KINDS[:5] + PEER_KINDS
 #: Whether each contender's batches are uniformly random (every batch a uniform sample of the
 #: epoch's rows without replacement), and how.
 UNIFORM = {

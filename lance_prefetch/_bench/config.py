@@ -59,7 +59,7 @@ class BenchConfig:
         streaming_splits (tuple[int, ...]): ``num_splits`` of each ``lancedb-streaming`` setting.
             Default: ``(1,)`` (its default for one process).
         contenders (tuple[str, ...]): which contenders to run. Default:
-            :data:`~lance_prefetch._bench._spec.DEFAULT_KINDS` (the first five). With
+            :data:`~lance_prefetch._bench._spec.DEFAULT_KINDS` (the first five and the peers). With
             ``lance-prefetch``, its defaults (no tuning arguments) run too, as
             ``lance-prefetch defaults``.
         latency (Latency): latency added by the emulated S3. Default: ``Latency()``.
