@@ -7,9 +7,12 @@ part. The readahead window already knows the next batches of the plan, so a :cla
 laid end to end, and the table is cut back into the ``k`` batches, each with exactly its own rows
 in its own order (zero-copy slices).
 
-The rule (``coalesce="auto"``): ``k = ceil(TARGET_ROWS / batch_size)``, at most ``readahead // 2``
-(so that one group can be read while the previous one is consumed) and at least 1. An integer
-``coalesce`` sets ``k`` itself (``1``: one take per batch). Pure code: no Lance, no torch.
+The rule (``coalesce="auto"``): ``k = ceil(target / batch_size)``, at most ``readahead // 2``
+(so that one group can be read while the previous one is consumed) and at least 1, ``target``
+being :data:`TARGET_ROWS` for local files and :data:`TARGET_ROWS_REMOTE` on object stores, where a
+take's rows that lie close together are fetched by one request (so a larger take needs fewer
+requests a row). An integer ``coalesce`` sets ``k`` itself (``1``: one take per batch). Pure
+code: no Lance, no torch.
 """
 
 from __future__ import annotations
@@ -28,14 +31,17 @@ from .sampling import PlannedBatch
 __all__ = [
     "Group",
     "TARGET_ROWS",
+    "TARGET_ROWS_REMOTE",
     "check_coalesce",
     "coalesce_size",
     "groups",
     "split",
 ]
 
-#: Rows per ``take`` that ``coalesce="auto"`` aims for.
-TARGET_ROWS = 1024
+#: Rows per ``take`` that ``coalesce="auto"`` aims for on local files ...
+TARGET_ROWS = 4096
+#: ... and on object stores.
+TARGET_ROWS_REMOTE = 16384
 
 
 def check_coalesce(coalesce: object) -> int | str:
@@ -60,15 +66,18 @@ def check_coalesce(coalesce: object) -> int | str:
         ) from None
 
 
-def coalesce_size(coalesce: int | str, batch_size: int, readahead: int) -> int:
-    """Batches per ``take``: the rule above for ``"auto"``, else ``coalesce`` itself.
+def coalesce_size(
+    coalesce: int | str, batch_size: int, readahead: int, *, target: int = TARGET_ROWS
+) -> int:
+    """Batches per ``take``: the rule above for ``"auto"`` (aiming at ``target`` rows), else
+    ``coalesce`` itself.
 
     Raises:
         ValueError: an int ``coalesce`` above ``readahead`` (a take's batches all count against
             the readahead bound, so it could never start).
     """
     if coalesce == "auto":
-        return max(1, min(math.ceil(TARGET_ROWS / batch_size), readahead // 2))
+        return max(1, min(math.ceil(target / batch_size), readahead // 2))
     if coalesce > readahead:  # type: ignore[operator]
         raise ValueError(
             f"coalesce should be <= readahead, but got coalesce={coalesce} > "

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._coalesce import TARGET_ROWS, coalesce_size
+from ._coalesce import TARGET_ROWS, TARGET_ROWS_REMOTE, coalesce_size
 from ._device import Placement, check_placement
 from ._tuning import START_LEVEL, DepthTuner
 from ._validate import (
@@ -271,9 +271,11 @@ class LoaderConfig:
             for i in range(count)
         ]  # fmt: skip
 
-    def resolve(self, *, row_bytes: int | None, num_rows: int) -> Resolved:
+    def resolve(self, *, row_bytes: int | None, num_rows: int, remote: bool = False) -> Resolved:
         """Coalescing, the permutation kind and the tuner for a dataset of ``num_rows`` rows of
-        ``row_bytes`` bytes each (``None``: not fixed-width, learnt from the first reads)."""
+        ``row_bytes`` bytes each (``None``: not fixed-width, learnt from the first reads), on an
+        object store if ``remote``."""
+        target = TARGET_ROWS_REMOTE if remote else TARGET_ROWS
         if isinstance(self.readahead, int):
             limit = self.readahead
         elif self.coalesce != "auto":  # readahead="auto" makes room for the takes asked for
@@ -281,8 +283,8 @@ class LoaderConfig:
         elif row_bytes:  # "auto": at least two takes within max_buffer_bytes
             limit = max(self.max_buffer_bytes // max(row_bytes * self.batch_size, 1), 1)
         else:  # bytes unknown until the first read: the rule alone
-            limit = 2 * TARGET_ROWS
-        coalesce = coalesce_size(self.coalesce, self.batch_size, limit)
+            limit = 2 * target
+        coalesce = coalesce_size(self.coalesce, self.batch_size, limit, target=target)
         tuner = None
         if "auto" in (self.readahead, self.max_in_flight):
             tuner = DepthTuner(

@@ -22,7 +22,7 @@ from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade, loader_identity, loader_repr
 from ._frameworks import reads_every_rank
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
-from ._multi import epoch_view, open_sources
+from ._multi import epoch_view, open_sources, remote
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
 from ._ranks import Ranks
 from ._shutdown import close_all
@@ -199,7 +199,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._iterators: weakref.WeakSet[LazyIteration] = weakref.WeakSet()
         self._source = open_sources(source, config)  # pinned, cached, filter/split, mixed
         resolved = config.resolve(row_bytes=fixed_row_bytes(self._source.schema),
-                                  num_rows=self.num_rows)  # fmt: skip
+                                  num_rows=self.num_rows, remote=remote(source))  # fmt: skip
         #: Batches read by one ``take`` (``coalesce`` resolved).
         self.coalesce = resolved.coalesce
         #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.

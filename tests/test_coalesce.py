@@ -15,24 +15,46 @@ from support.helpers import batch_ids, expected_rank_ids, loop_threads, wait_unt
 from lance_prefetch import BatchLoadError, PrefetchLoader
 from lance_prefetch._coalesce import (
     TARGET_ROWS,
+    TARGET_ROWS_REMOTE,
     Group,
     coalesce_size,
     groups,
     split,
 )
 from lance_prefetch._config import LoaderConfig
+from lance_prefetch._multi import remote
 from lance_prefetch._source import LanceSource
 from lance_prefetch.sampling import EpochPlan, PlannedBatch
 
 
 @pytest.mark.parametrize(
     ("batch_size", "readahead", "expected"),
-    [(64, 8, 4), (64, 64, 16), (64, 40, 16), (100, 64, 11), (1024, 8, 1), (4096, 8, 1),
-     (10, 3, 1), (10, 2, 1), (10, 1, 1), (1, 10_000, TARGET_ROWS)],
+    [(64, 8, 4), (64, 256, 64), (64, 100, 50), (100, 256, 41), (1024, 8, 4), (4096, 8, 1),
+     (8192, 8, 1), (10, 3, 1), (10, 2, 1), (10, 1, 1), (1, 10_000, TARGET_ROWS)],
 )  # fmt: skip
 def test_the_auto_rule(batch_size, readahead, expected):
-    """ceil(1024 / batch_size), at most readahead // 2, at least 1."""
+    """ceil(4096 / batch_size), at most readahead // 2, at least 1."""
     assert coalesce_size("auto", batch_size, readahead) == expected
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "readahead", "expected"),
+    [(256, 1000, 64), (64, 1000, 256), (256, 8, 4), (1, 100_000, TARGET_ROWS_REMOTE)],
+)  # fmt: skip
+def test_the_auto_rule_on_object_stores(batch_size, readahead, expected):
+    """ceil(16384 / batch_size) there, with the same bounds."""
+    target = TARGET_ROWS_REMOTE
+    assert coalesce_size("auto", batch_size, readahead, target=target) == expected
+
+
+def test_a_loader_aims_at_larger_takes_on_an_object_store(s3, s3_ids_503, ids_1003):
+    """The rule's target follows the dataset's storage: 16,384 rows on S3, 4,096 locally (with
+    readahead="auto" the bound is two takes within max_buffer_bytes, far above here)."""
+    options = s3.storage_options()
+    assert remote(s3_ids_503) and remote([ids_1003, s3_ids_503]) and not remote(ids_1003)
+    assert PrefetchLoader(s3_ids_503, 16, storage_options=options).coalesce == 16384 // 16
+    assert PrefetchLoader(ids_1003, 16).coalesce == 4096 // 16
+    assert PrefetchLoader(s3_ids_503, 16, storage_options=options, readahead=8).coalesce == 4
 
 
 def test_an_explicit_coalesce_is_kept_up_to_readahead():
