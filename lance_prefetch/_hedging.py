@@ -39,9 +39,9 @@ class HedgePolicy:
     """When a slow ``take`` gets a second, identical ``take`` (a hedge), and how many at most.
 
     A take still running after the hedge delay is read a second time, in a thread of its own
-    beside the first (outside ``max_in_flight``); the first of the two to return is used, the
-    other is abandoned and its rows dropped, so batches keep their rows, their order and come
-    out exactly once. The delay is the larger of the ``percentile``-th percentile of the
+    beside the first (on the first's ``max_in_flight`` slot, within the same ``retry.timeout``);
+    the first of the two to return is used, the other is abandoned and its rows dropped, so
+    batches keep their rows, their order and come out exactly once. The delay is the larger of the ``percentile``-th percentile of the
     iteration's latest 256 take durations and ``min_slowdown`` times their median; no take is
     hedged before ``min_samples`` takes have returned.
 
@@ -52,7 +52,8 @@ class HedgePolicy:
     Hedging cuts the latency of rare stalls (a take several times slower than most, e.g. a
     request stuck behind a slow server); it cannot shorten takes that are all slow alike. On an
     object store a random ``take`` issues about one request per row, so a request tail touching
-    most takes moves the median itself, and hedges mostly lose (``docs/benchmarks.md``).
+    most takes moves the median itself; the ``min_slowdown`` floor then keeps hedges from firing
+    (``docs/benchmarks.md``).
 
     Args:
         percentile (float): the percentile of recent take durations a take must run past, in
