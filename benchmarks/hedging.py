@@ -9,9 +9,10 @@ with ``hedge=HedgePolicy()`` (order alternating), same seed, same batches: ``--b
 ``--warmup`` not counted. It prints, per setting, p50/p90/p99/max of the time spent in ``next()``,
 the takes and rows requested from Lance (counted at ``LanceSource.take``, hedges included), the
 hedges issued and won, and checks that both settings delivered the same row ids in the same order.
-With ``--local`` the dataset is on local disk instead. With ``--take-sizes`` it first prints the duration of single random takes of those sizes (the
-request tail per take); with ``--pieces`` the time of a batch read as several concurrent takes,
-those still running after a delay read again (``--rounds 0``: only these). Run (measurements under the machine's benchmark lock)::
+With ``--local`` the dataset is on local disk instead. With ``--take-sizes`` it first prints the
+duration of single random takes of those sizes (the request tail per take); with ``--pieces``
+the time of a batch read as several concurrent takes, those still running after a delay read
+again (``--rounds 0``: only these). Run (measurements under the machine's benchmark lock)::
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/hedging.py [--tail-fraction 0.01]
         [--tail-ms 150] [--readahead auto] [--rounds 3] [--take-sizes 256,16,4]

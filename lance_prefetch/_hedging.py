@@ -41,9 +41,10 @@ class HedgePolicy:
     A take still running after the hedge delay is read a second time, in a thread of its own
     beside the first (on the first's ``max_in_flight`` slot, within the same ``retry.timeout``);
     the first of the two to return is used, the other is abandoned and its rows dropped, so
-    batches keep their rows, their order and come out exactly once. The delay is the larger of the ``percentile``-th percentile of the
-    iteration's latest 256 take durations and ``min_slowdown`` times their median; no take is
-    hedged before ``min_samples`` takes have returned.
+    batches keep their rows, their order and come out exactly once. The delay is the larger of
+    the ``percentile``-th percentile of the iteration's latest 256 take durations and
+    ``min_slowdown`` times their median; no take is hedged before ``min_samples`` takes have
+    returned.
 
     The extra takes are bounded by a token bucket: each take started earns ``budget`` of a
     token, a hedge spends one, the bucket holds at most 2 and starts empty. Hence, in every

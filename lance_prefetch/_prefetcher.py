@@ -303,8 +303,8 @@ class Prefetcher(Generic[T, R]):
         self, item: T, slot: Slot, timer: Timer | None, hedge: bool = False
     ) -> Exception | None:
         """Runs in a worker thread: fetch, then process and hand the result straight to the
-        consumer (unless the slot is finished already: a hedge, or the take it hedged, was
-        first). Returns the fetch's exception (for the loop to retry or report), else ``None``."""
+        consumer, unless another fetch of the item (its hedge, the take it hedged, an abandoned
+        attempt) returned first. Returns the fetch's exception (to retry or report), else None."""
         with self._lock:
             if self._closing:
                 return None  # _fill's finally marks the slot closed
@@ -321,8 +321,8 @@ class Prefetcher(Generic[T, R]):
             timer.stop()
         if self._hedger is not None:
             self._hedger.observe(time.perf_counter() - started)
-        if self._closing or slot.is_set:  # closed while it read, or the other take of a hedged
-            return None  # pair was first: the result is dropped, nothing processes it
+        if self._closing or not slot.claim():  # closed while it read, or the other take of the
+            return None  # item returned first: the result is dropped, nothing processes it
         try:
             value = raw if self._process is None else self._process(item, raw)
         except BaseException as exc:  # never retried: re-raised by get(), unchanged
