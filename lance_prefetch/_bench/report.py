@@ -44,6 +44,8 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
             text += f", coalesce={settings['coalesce']}"
         if settings.get("cache", "none") != "none":
             text += f", cache={settings['cache']}"
+        if settings.get("hedge", "auto") != "auto":
+            text += f", hedge={settings['hedge']}"
         rates = [r["rows_per_s"] for r in contender.get("rounds", []) if "rows_per_s" in r]
         if rates:
             text += (
