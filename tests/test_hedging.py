@@ -257,3 +257,17 @@ def test_a_wrong_hedge_is_refused_before_any_io(hedge):
     )
     with pytest.raises(TypeError, match="^hedge should be"):
         PrefetchLoader("/nonexistent.lance", 4, hedge=hedge)
+
+
+def test_close_while_the_hedged_take_is_still_stuck_returns_promptly_and_leaves_no_thread():
+    fetch = Stalling(stall={20})
+    iterator, prefetcher, processed = run_prefetcher(fetch, range(40), hedge=EAGER)
+    assert [next(iterator) for _ in range(25)] == [i * 10 for i in range(25)]  # 20 via its hedge
+    assert fetch.calls[20] == 2 and not fetch.late  # the first take of item 20 is still stuck
+    started = time.monotonic()
+    iterator.close()
+    assert time.monotonic() - started < 1.0
+    assert not loop_threads()
+    fetch.release.set()
+    assert wait_until(lambda: not [t for t in prefetcher.threads() if t.is_alive()])
+    assert fetch.late == [20] and processed[20] == 1
