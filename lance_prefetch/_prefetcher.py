@@ -274,9 +274,9 @@ class Prefetcher(Generic[T, R]):
             deadline = math.inf if timeout is None else anyio.current_time() + timeout
             with anyio.CancelScope(deadline=deadline) as scope:
                 timer = None if timeout is None else Timer(scope, self._loop)  # type: ignore
-                run = functools.partial(  # run(hedge): one take in a worker thread
-                    anyio.to_thread.run_sync, self._fetch_into, item, slot, timer,
-                    abandon_on_cancel=True,
+                run = functools.partial(  # run(hedge): one take in a worker thread, bounded by
+                    anyio.to_thread.run_sync, self._fetch_into, item, slot, timer,  # the limiter
+                    abandon_on_cancel=True, limiter=anyio.CapacityLimiter(math.inf),  # above only
                 )  # fmt: skip
                 return await race(run, self._hedger, lambda: slot.is_set)
         if timer is not None and timer.fetched:  # the read just made it; the thread finishes it
