@@ -57,8 +57,7 @@ class PrefetchStatistics:
         ready (int): items fetched and processed, waiting to be received.
         readahead (int): the readahead bound now (changed by :meth:`Prefetcher.resize`).
         max_in_flight (int): the in-flight bound now.
-        hedges (int): hedged takes started (see :class:`~lance_prefetch.HedgePolicy`).
-        hedges_won (int): hedges whose result was used (they finished before their take).
+        hedges, hedges_won (int): hedges started (:class:`~lance_prefetch.HedgePolicy`), and won.
 
     Items count in readahead units (see ``size`` of :class:`Prefetcher`); an item of several units
     counts as received unit by unit (:meth:`Prefetcher.release`).
@@ -161,9 +160,7 @@ class Prefetcher(Generic[T, R]):
         self._size = size
         self._budget = ReadaheadBudget(readahead)
         self._items = items
-        self._fetch = fetch
-        self._process = process
-        self._retry = retry
+        self._fetch, self._process, self._retry = fetch, process, retry
         self._hedger = None if hedge is None else Hedger(hedge)
         self._retries = 0  # written by the producer only
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # slots in plan order, then END
@@ -321,8 +318,11 @@ class Prefetcher(Generic[T, R]):
             timer.stop()
         if self._hedger is not None:
             self._hedger.observe(time.perf_counter() - started)
-        if self._closing or not slot.claim():  # closed while it read, or the other take of the
-            return None  # item returned first: the result is dropped, nothing processes it
+        if self._closing:  # closed while it read: the result is dropped, nothing processes it
+            return None
+        if not slot.claim():  # another fetch of the item returned first: it finishes the slot
+            slot.wait()  # (this result is dropped); "done" only once it did
+            return None
         try:
             value = raw if self._process is None else self._process(item, raw)
         except BaseException as exc:  # never retried: re-raised by get(), unchanged

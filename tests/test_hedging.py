@@ -271,3 +271,31 @@ def test_close_while_the_hedged_take_is_still_stuck_returns_promptly_and_leaves_
     fetch.release.set()
     assert wait_until(lambda: not [t for t in prefetcher.threads() if t.is_alive()])
     assert fetch.late == [20] and processed[20] == 1
+
+
+def test_a_take_that_loses_to_one_still_converting_waits_for_its_result():
+    """Item 8's take returns as its hedge starts and converts slowly; the hedge returns meanwhile
+    and finds the item claimed: the item still arrives (not a closed slot)."""
+    hedge_started = threading.Event()
+    calls: Counter[int] = Counter()
+
+    def fetch(item):
+        calls[item] += 1
+        if item == 8 and calls[item] == 1:
+            hedge_started.wait(5.0)  # late until its hedge starts, then back at once
+        elif item == 8:
+            hedge_started.set()
+            time.sleep(0.05)  # back while the take's rows are still converting
+        else:
+            time.sleep(0.01)
+        return item * 10
+
+    def process(item, value):
+        if item == 8:
+            time.sleep(0.3)
+        return value
+
+    prefetcher = Prefetcher(range(12), fetch, process=process, readahead=4, max_in_flight=2,
+                            hedge=EAGER)  # fmt: skip
+    assert list(BlockingPrefetcher(prefetcher)) == [i * 10 for i in range(12)]
+    assert calls[8] == 2 and prefetcher.statistics().hedges_won == 0
