@@ -1,7 +1,8 @@
 """lance-prefetch: fully random batches from Lance datasets, read concurrently ahead of training.
 
 The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``),
-:class:`BatchLoadError`, :class:`RetryPolicy`, :class:`LoaderStats` (from ``loader.stats()``),
+:class:`BatchLoadError`, :class:`RetryPolicy`, :class:`HedgePolicy` (hedged takes, ``hedge=``),
+:class:`LoaderStats` (from ``loader.stats()``),
 :class:`CoverageError` and :class:`AuditReport` (the coverage audit, ``audit=True``),
 :class:`Split` (one part of a seeded train/validation split, ``split=``),
 :func:`state_from_dataloader`, and for PyTorch's own samplers the map-style
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ._coverage import AuditReport as AuditReport
 from ._errors import BatchLoadError as BatchLoadError
 from ._errors import CoverageError as CoverageError
+from ._hedging import HedgePolicy as HedgePolicy
 from ._telemetry import LoaderStats as LoaderStats
 from .retry import RetryPolicy as RetryPolicy
 from .splits import Split as Split
@@ -59,6 +61,7 @@ __all__ = [
     "AuditReport",
     "BatchLoadError",
     "CoverageError",
+    "HedgePolicy",
     "LanceMapDataset",
     "LoaderStats",
     "PrefetchLoader",

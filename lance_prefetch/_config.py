@@ -16,7 +16,9 @@ from typing import Any
 
 from ._coalesce import TARGET_ROWS, TARGET_ROWS_REMOTE, coalesce_size
 from ._device import Placement, check_placement
+from ._hedging import HedgePolicy, check_hedge, resolve_hedge
 from ._tuning import START_LEVEL, DepthTuner
+from ._uris import remote
 from ._validate import (
     check_bool,
     check_callable,
@@ -104,11 +106,13 @@ class Resolved:
         permutation (str): ``"array"``, ``"lazy"`` or ``"identity"`` (``shuffle=False``).
         tuner (DepthTuner | None): the self-tuner with ``readahead``/``max_in_flight="auto"``
             (it learns while reading: one per loader copy), else ``None``.
+        hedge (HedgePolicy | None): the hedging every iteration runs (``"auto"`` resolved).
     """
 
     coalesce: int
     permutation: str
     tuner: DepthTuner | None
+    hedge: HedgePolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +144,7 @@ class LoaderConfig:
     version: int | str | None = None
     transform: Callable[[dict[str, Any]], Any] | None = None
     retry: RetryPolicy | None = DEFAULT_RETRY
+    hedge: HedgePolicy | str | None = "auto"
     permutation: str = "auto"
     io: str | None = "auto"
     log_every_s: float | None = None
@@ -192,6 +197,7 @@ class LoaderConfig:
             _set(self, "world_size", int(self.world_size))  # type: ignore[arg-type]
         check_callable("transform", self.transform)
         _check_retry(self.retry)
+        check_hedge(self.hedge)
         check_choice("permutation", self.permutation, KINDS)
         if not self.shuffle and self.permutation != "auto":
             raise ValueError(
@@ -271,11 +277,12 @@ class LoaderConfig:
             for i in range(count)
         ]  # fmt: skip
 
-    def resolve(self, *, row_bytes: int | None, num_rows: int, remote: bool = False) -> Resolved:
-        """Coalescing, the permutation kind and the tuner for a dataset of ``num_rows`` rows of
-        ``row_bytes`` bytes each (``None``: not fixed-width, learnt from the first reads), on an
-        object store if ``remote``."""
-        target = TARGET_ROWS_REMOTE if remote else TARGET_ROWS
+    def resolve(self, *, row_bytes: int | None, num_rows: int, uri: str = "") -> Resolved:
+        """Coalescing, the permutation kind, the tuner and the hedging for the dataset at ``uri``
+        of ``num_rows`` rows of ``row_bytes`` bytes each (``None``: not fixed-width, learnt from
+        the first reads)."""
+        on_store = remote(uri)
+        target = TARGET_ROWS_REMOTE if on_store else TARGET_ROWS
         if isinstance(self.readahead, int):
             limit = self.readahead
         elif self.coalesce != "auto":  # readahead="auto" makes room for the takes asked for
@@ -297,7 +304,7 @@ class LoaderConfig:
                 level=START_LEVEL,
             )
         permutation = resolve_kind(self.permutation, num_rows) if self.shuffle else "identity"
-        return Resolved(coalesce, permutation, tuner)
+        return Resolved(coalesce, permutation, tuner, resolve_hedge(self.hedge, remote=on_store))
 
 
 @dataclass(frozen=True, kw_only=True)

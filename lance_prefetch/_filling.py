@@ -55,12 +55,12 @@ class BackgroundFill:
         #: The fill's error, once it failed (``None`` while it runs or after it succeeded).
         self.error: BaseException | None = None
 
-    def start(self) -> None:
+    def start(self, *, again: bool = True) -> None:
         """Start the fill in its thread, unless it started already in this process and did not
-        fail (a failed fill starts again: the next ``iter()`` tries once more)."""
+        fail; a failed fill starts again if ``again`` (the next ``iter()`` tries once more)."""
         with self._lock:
             if self._thread is not None and self._pid == os.getpid():
-                if not (self._done.is_set() and self.error is not None):
+                if not (again and self._done.is_set() and self.error is not None):
                     return
             self._pid = os.getpid()
             self._stopping, self._done, self.error = threading.Event(), threading.Event(), None

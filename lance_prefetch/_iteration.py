@@ -375,7 +375,7 @@ def start_iteration(
         prefetcher = Prefetcher(groups(batches, resolved.coalesce), reader.read,
                                 process=reader.convert, readahead=int(readahead),
                                 max_in_flight=int(max_in_flight), retry=config.retry,
-                                size=len)  # fmt: skip
+                                size=len, hedge=resolved.hedge)  # fmt: skip
     return LoaderIterator(prefetcher, reader=reader, counter=counter, telemetry=telemetry,
                           log_every_s=config.log_every_s, tuner=tuner,
                           device=config.placement.device, audit=audit)  # fmt: skip
@@ -394,8 +394,8 @@ def deliveries(batches: Iterator[PlannedBatch], plan: EpochPlan) -> Iterator[Pla
 def _counters_of(
     iteration: weakref.ref[LoaderIterator],
 ) -> Callable[[], tuple[int, ...] | None]:
-    """(queue depth, takes in flight, retries, readahead, max_in_flight) of a live iteration,
-    for its telemetry."""
+    """(queue depth, takes in flight, retries, readahead, max_in_flight, hedges, hedges won) of
+    a live iteration, for its telemetry."""
 
     def counters() -> tuple[int, ...] | None:
         live = iteration()
@@ -408,6 +408,8 @@ def _counters_of(
             statistics.retries,
             statistics.readahead,
             statistics.max_in_flight,
+            statistics.hedges,
+            statistics.hedges_won,
         )
 
     return counters

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._audit import EpochAudit, choose_exchange, open_audit
-from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, LoaderConfig
+from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, HedgePolicy, LoaderConfig
 from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade, loader_identity, loader_repr
 from ._frameworks import reads_every_rank
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
-from ._multi import epoch_view, open_sources, remote
+from ._multi import epoch_view, open_sources
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
 from ._ranks import Ranks
 from ._shutdown import close_all
@@ -90,6 +90,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             (thread-safe); its result is yielded. Default: ``None``.
         retry (RetryPolicy, optional): how a failing or stuck ``take`` is retried; ``None``: not.
             Default: ``RetryPolicy()``.
+        hedge (HedgePolicy | str, optional): a late ``take`` read again, the first back used
+            (:class:`~lance_prefetch.HedgePolicy`); ``None``: never. Default: ``"auto"`` (S3 etc.).
         permutation (str, optional): ``"array"``, ``"lazy"`` (constant memory; another order, the
             same guarantees) or ``"auto"`` (``"lazy"`` above 2**27 rows). Default: ``"auto"``.
         log_every (float, optional): log :meth:`stats` every this many seconds (INFO, logger
@@ -99,10 +101,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             ``<= readahead``. Default: ``"auto"``.
         cache (str, optional): ``"memory"`` (one scan fills this process's copy) or ``"disk"`` (a
             local copy under ``cache_dir``, shared); same rows, same order. Default: ``None``.
-        cache_bytes (int, optional): with ``cache="memory"``, the most bytes of rows. Default:
-            ``None``, half the physical memory.
-        cache_dir (str | os.PathLike, optional): with ``cache="disk"``. Default: ``None``,
-            ``$LANCE_PREFETCH_CACHE_DIR``, else ``~/.cache/lance-prefetch``.
+        cache_bytes, cache_dir (optional): with ``cache="memory"``, the most bytes of rows (an int;
+            default: half the physical memory); with ``cache="disk"``, the copy's folder (default:
+            ``$LANCE_PREFETCH_CACHE_DIR``, else ``~/.cache/lance-prefetch``).
         max_buffer_bytes (int, optional): with ``readahead="auto"``, the most Arrow bytes read
             ahead. Default: 256 MiB.
         io (str, optional): ``"auto"`` (or ``None``): io_uring for local files where the kernel
@@ -161,6 +162,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         version: int | str | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
+        hedge: HedgePolicy | str | None = "auto",
         permutation: str = "auto",
         io: str | None = "auto",
         log_every: float | None = None,
@@ -187,7 +189,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
             cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
             pin_memory=pin_memory, device=device, audit=audit, audit_dir=audit_dir, filter=filter,
-            split=split, weights=weights,
+            split=split, weights=weights, hedge=hedge,
         )  # fmt: skip
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
@@ -199,7 +201,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._iterators: weakref.WeakSet[LazyIteration] = weakref.WeakSet()
         self._source = open_sources(source, config)  # pinned, cached, filter/split, mixed
         resolved = config.resolve(row_bytes=fixed_row_bytes(self._source.schema),
-                                  num_rows=self.num_rows, remote=remote(source))  # fmt: skip
+                                  num_rows=self.num_rows, uri=self._source.uri)  # fmt: skip
         #: Batches read by one ``take`` (``coalesce`` resolved).
         self.coalesce = resolved.coalesce
         #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.
@@ -374,9 +376,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         iteration = LazyIteration(functools.partial(self._begin, worker, ident, every_rank))
         self._iterators.add(iteration)
         if worker is not None:
-            # A DataLoader worker asks for batches as soon as its DataLoader iterator exists (and
-            # a StatefulDataLoader its state at once): it begins at iter(), as the main process's
-            # first next() would.
+            # A DataLoader worker is asked for batches (a StatefulDataLoader's, for its state) as
+            # soon as its DataLoader iterator exists: it begins at iter(), as a first next() would.
             iteration.begin()
         return iteration
 
@@ -391,10 +392,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         exchange = choose_exchange(self.config, share, world_size, in_worker=worker is not None)
         end = end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
         decision = self._control.begin(ident, forced=forced, end=end)
-        self._counter = counter = DeliveryCounter(ident, decision,
-                                                  world_size=1 if every_rank else world_size,
-                                                  worker_id=worker_id, num_workers=num_workers,
-                                                  skip=skip)  # fmt: skip
+        self._counter = counter = DeliveryCounter(
+            ident, decision, world_size=1 if every_rank else world_size, worker_id=worker_id,
+            num_workers=num_workers, skip=skip)  # fmt: skip
         self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
         plan = self._plan(decision.epoch, decision.start, world_size)
         self._audit = audit = open_audit(exchange, plan, share, self.config.audit_dir,
@@ -406,7 +406,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
 
     def stats(self) -> LoaderStats:
         """Telemetry of the latest iteration in this process (:class:`LoaderStats`: rows/s,
-        MiB/s, wait fraction, queue depth, take latency, retries); cheap and safe from any
+        MiB/s, wait fraction, queue depth, take latency, retries, hedges); cheap and safe from any
         thread. DataLoader workers' iterations are not seen here (use ``log_every``). Before any
         iteration: zeros with ``epoch=None``."""
         telemetry = self._telemetry

@@ -154,9 +154,10 @@ class MemoryCache(FillingCache):
 
     def prepare(self) -> None:
         """Start the fill in the background in this process, unless it started or the rows are
-        held (returns at once; reads before its end are served as the module says)."""
+        held (returns at once; reads before its end are served as the module says). A failed
+        fill starts again, unless it failed on ``cache_bytes`` (``MemoryError``: it would again)."""
         if self._table is None:
-            self._filling.start()
+            self._filling.start(again=not isinstance(self._filling.error, MemoryError))
 
     def _fill(self, stopping: threading.Event) -> None:
         with self._lock:  # a fill restarted in a forked copy begins again

@@ -22,7 +22,6 @@ source (URI, version, options; a subset's offsets), never an open dataset.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,10 +32,9 @@ from ._config import LoaderConfig
 from ._mixture import dataset_seed, epoch_length, mixture_counts
 from ._source import RowSource
 from ._subset import open_source
-from ._uris import URING, scheme
 from .permutation import Permutation, make_permutation
 
-__all__ = ["ConcatSource", "MixtureSource", "epoch_view", "open_sources", "remote"]
+__all__ = ["ConcatSource", "MixtureSource", "epoch_view", "open_sources"]
 
 
 class ConcatSource:
@@ -199,16 +197,6 @@ class _EpochMixture:
 def epoch_view(source: RowSource, epoch: int) -> RowSource:
     """What reads ``epoch`` from a loader's source: a mixture's epoch, else ``source``."""
     return source.for_epoch(epoch) if isinstance(source, MixtureSource) else source
-
-
-def remote(source: Any) -> bool:
-    """Whether ``source`` (a loader's ``source`` argument: a URI, path or open dataset, or a list
-    of them) holds a dataset on an object store (a URI scheme other than a local file's)."""
-    for each in source if isinstance(source, (list, tuple)) else [source]:
-        uri = each.uri if hasattr(each, "uri") else os.fspath(each)  # an open dataset: its URI
-        if scheme(uri) not in ("", "file", URING):
-            return True
-    return False
 
 
 def open_sources(source: Any, config: LoaderConfig) -> RowSource:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -28,6 +30,7 @@ import anyio
 import anyio.to_thread
 
 from ._budget import ReadaheadBudget
+from ._hedging import HedgePolicy, Hedger, race
 from ._slots import END, Slot, Timer
 from ._validate import check_depths
 from .retry import RetryPolicy, run_with_retries
@@ -54,6 +57,7 @@ class PrefetchStatistics:
         ready (int): items fetched and processed, waiting to be received.
         readahead (int): the readahead bound now (changed by :meth:`Prefetcher.resize`).
         max_in_flight (int): the in-flight bound now.
+        hedges, hedges_won (int): hedges started (:class:`~lance_prefetch.HedgePolicy`), and won.
 
     Items count in readahead units (see ``size`` of :class:`Prefetcher`); an item of several units
     counts as received unit by unit (:meth:`Prefetcher.release`).
@@ -66,6 +70,8 @@ class PrefetchStatistics:
     ready: int = 0
     readahead: int = 0
     max_in_flight: int = 0
+    hedges: int = 0
+    hedges_won: int = 0
 
 
 class FetchError(Exception):
@@ -111,6 +117,8 @@ class Prefetcher(Generic[T, R]):
         size (Callable[[T], int], optional): how many readahead units an item holds, each in
             ``[1, readahead]`` (for Lance, a coalesced read of several batches holds one unit per
             batch). Default: ``None``, one unit per item.
+        hedge (HedgePolicy, optional): when a late ``fetch`` gets a second one beside it (the
+            first to return is used; :mod:`~lance_prefetch._hedging`). Default: ``None``, never.
 
     Invariants:
         The :class:`~lance_prefetch._budget.ReadaheadBudget`'s (``tokens.value + held + debt ==
@@ -144,6 +152,7 @@ class Prefetcher(Generic[T, R]):
         max_in_flight: int,
         retry: RetryPolicy | None = None,
         size: Callable[[T], int] | None = None,
+        hedge: HedgePolicy | None = None,
     ) -> None:
         readahead, self._max_in_flight = check_depths(readahead, max_in_flight)
         if retry is not None and not isinstance(retry, RetryPolicy):
@@ -151,9 +160,8 @@ class Prefetcher(Generic[T, R]):
         self._size = size
         self._budget = ReadaheadBudget(readahead)
         self._items = items
-        self._fetch = fetch
-        self._process = process
-        self._retry = retry
+        self._fetch, self._process, self._retry = fetch, process, retry
+        self._hedger = None if hedge is None else Hedger(hedge)
         self._retries = 0  # written by the producer only
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # slots in plan order, then END
         self._started = 0  # units; written by the producer only
@@ -255,20 +263,20 @@ class Prefetcher(Generic[T, R]):
             slot.finish(error=PrefetcherClosed("the prefetcher was closed before this item"))
 
     async def _attempt(self, item: T, slot: Slot) -> Exception | None:
-        """One attempt in a worker thread: ``None`` once the slot is (or will be) finished by the
-        thread, else the fetch's error (a ``TimeoutError`` when it ran past ``retry.timeout``)."""
+        """One attempt, hedged (:func:`~lance_prefetch._hedging.race`), in worker threads:
+        ``None`` once the slot is (or will be) finished by a thread, else the fetch's error (a
+        ``TimeoutError`` when it ran past ``retry.timeout``)."""
         timeout = None if self._retry is None else self._retry.timeout
-        if timeout is None:
-            return await anyio.to_thread.run_sync(  # type: ignore[no-any-return]
-                self._fetch_into, item, slot, None, limiter=self._limiter, abandon_on_cancel=True
-            )
         async with self._limiter:  # type: ignore[union-attr]  # waiting here is not timed
-            with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
-                timer = Timer(scope, self._loop)  # type: ignore[arg-type]
-                return await anyio.to_thread.run_sync(  # type: ignore[no-any-return]
-                    self._fetch_into, item, slot, timer, abandon_on_cancel=True
-                )
-        if timer.fetched:  # the read just made it; the thread finishes the slot: wait for that
+            deadline = math.inf if timeout is None else anyio.current_time() + timeout
+            with anyio.CancelScope(deadline=deadline) as scope:
+                timer = None if timeout is None else Timer(scope, self._loop)  # type: ignore
+                run = functools.partial(  # run(hedge): one take in a worker thread, bounded by
+                    anyio.to_thread.run_sync, self._fetch_into, item, slot, timer,  # the limiter
+                    abandon_on_cancel=True, limiter=anyio.CapacityLimiter(math.inf),  # above only
+                )  # fmt: skip
+                return await race(run, self._hedger, lambda: slot.is_set)
+        if timer is not None and timer.fetched:  # the read just made it; the thread finishes it
             await anyio.to_thread.run_sync(slot.wait, abandon_on_cancel=True)
             return None
         return TimeoutError(f"the read took longer than timeout={timeout:g} s; it was abandoned")
@@ -288,13 +296,17 @@ class Prefetcher(Generic[T, R]):
             self._threads.add(threading.current_thread())
         return self._retry.is_retryable(error)  # type: ignore[union-attr]
 
-    def _fetch_into(self, item: T, slot: Slot, timer: Timer | None) -> Exception | None:
+    def _fetch_into(
+        self, item: T, slot: Slot, timer: Timer | None, hedge: bool = False
+    ) -> Exception | None:
         """Runs in a worker thread: fetch, then process and hand the result straight to the
-        consumer. Returns the fetch's exception (for the loop to retry or report), else ``None``."""
+        consumer, unless another fetch of the item (its hedge, the take it hedged, an abandoned
+        attempt) returned first. Returns the fetch's exception (to retry or report), else None."""
         with self._lock:
             if self._closing:
                 return None  # _fill's finally marks the slot closed
             self._threads.add(threading.current_thread())
+        started = time.perf_counter()
         try:
             raw = self._fetch(item)
         except Exception as exc:
@@ -304,7 +316,12 @@ class Prefetcher(Generic[T, R]):
             return None
         if timer is not None:
             timer.stop()
+        if self._hedger is not None:
+            self._hedger.observe(time.perf_counter() - started)
         if self._closing:  # closed while it read: the result is dropped, nothing processes it
+            return None
+        if not slot.claim():  # another fetch of the item returned first: it finishes the slot
+            slot.wait()  # (this result is dropped); "done" only once it did
             return None
         try:
             value = raw if self._process is None else self._process(item, raw)
@@ -314,6 +331,8 @@ class Prefetcher(Generic[T, R]):
             if slot.finish(value=value):
                 with self._lock:
                     self._completed += slot.units
+                if hedge:
+                    self._hedger.record_win()  # type: ignore[union-attr]
         return None
 
     def _fail(self, slot: Slot, error: BaseException) -> None:
@@ -417,6 +436,7 @@ class Prefetcher(Generic[T, R]):
     def statistics(self) -> PrefetchStatistics:
         """A :class:`PrefetchStatistics` snapshot (safe from any thread)."""
         limiter = self._limiter
+        hedges, won = (0, 0) if self._hedger is None else self._hedger.counts()
         return PrefetchStatistics(
             held=self._started - self._received,
             in_flight=0 if limiter is None else int(limiter.borrowed_tokens),
@@ -425,4 +445,6 @@ class Prefetcher(Generic[T, R]):
             ready=max(self._completed - self._received, 0),
             readahead=self._budget.readahead,
             max_in_flight=self._max_in_flight,
+            hedges=hedges,
+            hedges_won=won,
         )

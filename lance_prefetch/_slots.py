@@ -27,13 +27,13 @@ class Slot:
     thread, then waits for forever. Here :meth:`finish` never waits for a lock a waiter holds.
     """
 
-    __slots__ = ("_guard", "_wakeup", "error", "is_set", "units", "value")
+    __slots__ = ("_claimed", "_guard", "_wakeup", "error", "is_set", "units", "value")
 
     def __init__(self) -> None:
         self._guard = threading.Lock()  # orders finish() calls
         self._wakeup = threading.Lock()  # held until the result is set
         self._wakeup.acquire()
-        self.is_set = False
+        self.is_set = self._claimed = False
         self.units = 1  # readahead units the item holds
         self.value: Any = None
         self.error: BaseException | None = None
@@ -47,6 +47,16 @@ class Slot:
             self.is_set = True
         self._wakeup.release()
         return True
+
+    def claim(self) -> bool:
+        """Whether the caller, holding a fetched result, is the first to (it then finishes the
+        slot): of two fetches of one item (a hedge, or an attempt abandoned by its timeout),
+        only the first to return processes its result."""
+        with self._guard:
+            if self.is_set or self._claimed:
+                return False
+            self._claimed = True
+            return True
 
     def wait(self) -> None:
         """Block until the result is set (interruptible by ``Ctrl-C``)."""

@@ -62,6 +62,9 @@ class LoaderStats:
         take_ms_p95 (float): their 95th percentile, ms.
         take_ms_p99 (float): their 99th percentile, ms.
         retries (int): take attempts after a failed or timed-out one.
+        hedges (int): hedged takes started: a second ``take`` of a late take's rows (``hedge``;
+            at most the policy's ``budget`` x takes started).
+        hedges_won (int): hedges that finished first, whose rows were used.
         cache_hit_ratio (float | None): fraction of the rows taken that the cache served
             (``cache="memory"``/``"disk"``; a take that waited for the cache's fill is a miss);
             ``None`` without a cache or before the first take.
@@ -89,6 +92,8 @@ class LoaderStats:
     take_ms_p95: float = math.nan
     take_ms_p99: float = math.nan
     retries: int = 0
+    hedges: int = 0
+    hedges_won: int = 0
     cache_hit_ratio: float | None = None
     readahead: int = 0
     max_in_flight: int = 0
@@ -96,6 +101,7 @@ class LoaderStats:
 
     def __str__(self) -> str:
         where = "" if self.worker_id is None else f" worker {self.worker_id}"
+        hedges = f", hedges {self.hedges} ({self.hedges_won} won)" if self.hedges else ""
         cache = "" if self.cache_hit_ratio is None else f", cache hits {self.cache_hit_ratio:.1%}"
         depths = (
             f", readahead {self.readahead}/in flight max {self.max_in_flight}"
@@ -108,7 +114,7 @@ class LoaderStats:
             f"{self.wait_fraction:.1%} ({self.wait_fraction_total:.1%} total), queue "
             f"{self.queue_depth}, in flight {self.in_flight}, take p50/p95/p99 "
             f"{self.take_ms_p50:.1f}/{self.take_ms_p95:.1f}/{self.take_ms_p99:.1f} ms, retries "
-            f"{self.retries}{cache}{depths}"
+            f"{self.retries}{hedges}{cache}{depths}"
         )
 
 
@@ -148,7 +154,7 @@ class Telemetry:
         self._latencies = np.full(LATENCIES, np.nan)
         self._next_latency = 0
         self._counters: Callable[[], tuple[int, ...] | None] | None = None
-        self._retries = 0
+        self._retries = self._hedges = self._hedges_won = 0
         self.rows_read = 0  # rows read by takes
         self.rows_taken = 0  # rows read by takes that said whether the cache served them
         self.rows_cached = 0
@@ -156,7 +162,7 @@ class Telemetry:
 
     def attach(self, counters: Callable[[], tuple[int, ...] | None]) -> None:
         """Where :meth:`snapshot` gets ``(queue_depth, in_flight, retries, readahead,
-        max_in_flight)`` from while the iteration runs (``None`` once it is gone: keep no strong
+        max_in_flight, hedges, hedges_won)`` from while the iteration runs (``None`` once it is gone: keep no strong
         reference to it here)."""
         self._counters = counters
 
@@ -207,8 +213,8 @@ class Telemetry:
     def _read_counters(self) -> tuple[int, ...]:
         counters = None if self._counters is None else self._counters()
         if counters is None:
-            return 0, 0, self._retries, 0, 0
-        self._retries = counters[2]
+            return 0, 0, self._retries, 0, 0, self._hedges, self._hedges_won
+        self._retries, (self._hedges, self._hedges_won) = counters[2], counters[5:7]
         return counters
 
     def snapshot(self) -> LoaderStats:
@@ -236,7 +242,9 @@ class Telemetry:
             p50, p95, p99 = (float(v) for v in np.percentile(latencies, [50, 95, 99]))
         else:
             p50 = p95 = p99 = math.nan
-        queue_depth, in_flight, retries, readahead, max_in_flight = self._read_counters()
+        queue_depth, in_flight, retries, readahead, max_in_flight, hedges, won = (
+            self._read_counters()
+        )
         return LoaderStats(
             epoch=self.epoch,
             worker_id=self.worker_id,
@@ -255,6 +263,8 @@ class Telemetry:
             take_ms_p95=p95,
             take_ms_p99=p99,
             retries=retries,
+            hedges=hedges,
+            hedges_won=won,
             cache_hit_ratio=hits,
             readahead=readahead,
             max_in_flight=max_in_flight,

@@ -9,7 +9,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from ._storage import redact_uri
 
-__all__ = ["URING", "refuse_a_file", "scheme", "uring_uri"]
+__all__ = ["URING", "refuse_a_file", "remote", "scheme", "uring_uri"]
 
 #: Lance 14's scheme for its io_uring reader of local files.
 URING = "file+uring"
@@ -42,6 +42,12 @@ def scheme(uri: str) -> str:
     drive)."""
     scheme = urlsplit(uri).scheme.lower()
     return scheme if len(scheme) > 1 else ""
+
+
+def remote(uri: str) -> bool:
+    """Whether a dataset URI (several joined by ``" + "``, a list source's) is on an object
+    store, for one of them at least."""
+    return any(scheme(part) not in ("", "file", URING) for part in uri.split(" + "))
 
 
 # File suffixes pyarrow.dataset reads, for the hint when a file is given as the dataset.

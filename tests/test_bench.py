@@ -160,6 +160,18 @@ def test_config_refuses_bad_combinations():
     ]
 
 
+def test_the_hedge_grid_runs_each_setting_with_and_without_hedged_takes():
+    config = BenchConfig(readahead=(4,), max_in_flight=(4,), hedge=("auto", "none"))
+    assert config.prefetch_settings() == [
+        {"readahead": 4, "max_in_flight": 4, "coalesce": "auto", "cache": "none"},
+        {"readahead": 4, "max_in_flight": 4, "coalesce": "auto", "cache": "none", "hedge": "none"},
+    ]
+    with pytest.raises(
+        ValueError, match=r"^hedge should be among 'auto', 'none', but got \['off'\]$"
+    ):
+        BenchConfig(hedge=("off",))
+
+
 def test_cli_bench_reports_errors_without_a_traceback(tmp_path, capsys):
     assert cli.main(["bench", "--local-s3", str(tmp_path / "x.lance")]) == 1
     assert capsys.readouterr().err.startswith("ValueError: --local-s3 writes its own dataset")

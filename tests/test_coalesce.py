@@ -22,8 +22,8 @@ from lance_prefetch._coalesce import (
     split,
 )
 from lance_prefetch._config import LoaderConfig
-from lance_prefetch._multi import remote
 from lance_prefetch._source import LanceSource
+from lance_prefetch._uris import remote
 from lance_prefetch.sampling import EpochPlan, PlannedBatch
 
 
@@ -51,7 +51,7 @@ def test_a_loader_aims_at_larger_takes_on_an_object_store(s3, s3_ids_503, ids_10
     """The rule's target follows the dataset's storage: 16,384 rows on S3, 4,096 locally (with
     readahead="auto" the bound is two takes within max_buffer_bytes, far above here)."""
     options = s3.storage_options()
-    assert remote(s3_ids_503) and remote([ids_1003, s3_ids_503]) and not remote(ids_1003)
+    assert remote(s3_ids_503) and remote(f"{ids_1003} + {s3_ids_503}") and not remote(ids_1003)
     assert PrefetchLoader(s3_ids_503, 16, storage_options=options).coalesce == 16384 // 16
     assert PrefetchLoader(ids_1003, 16).coalesce == 4096 // 16
     assert PrefetchLoader(s3_ids_503, 16, storage_options=options, readahead=8).coalesce == 4

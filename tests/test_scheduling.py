@@ -326,3 +326,22 @@ def test_a_producer_cancelled_while_handing_out_an_item_finishes_every_slot():
         slots.append(slot)
     assert len(slots) == 4 and all(slot.is_set for slot in slots)
     assert isinstance(slots[3].error, PrefetcherClosed)
+
+
+def test_more_fetches_in_flight_than_anyios_default_thread_limit():
+    """max_in_flight=64 runs 64 fetches at once: the prefetcher's limiter bounds them, not
+    anyio's default limiter of 40 worker threads."""
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def fetch(item):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.2)
+        with lock:
+            active[0] -= 1
+        return item
+
+    iterator = BlockingPrefetcher(Prefetcher(range(128), fetch, readahead=64, max_in_flight=64))
+    assert list(iterator) == list(range(128))
+    assert peak[0] == 64

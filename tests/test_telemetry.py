@@ -27,7 +27,7 @@ class Clock:
 def test_rates_over_the_window_and_in_total_on_a_fake_clock():
     clock = Clock()
     telemetry = Telemetry(3, window_s=10.0, clock=clock)
-    telemetry.attach(lambda: (2, 1, 5, 8, 4))
+    telemetry.attach(lambda: (2, 1, 5, 8, 4, 3, 1))
     # 20 s: one 100-row batch a second, each after waiting 0.25 s; each take 1 MiB in 40 ms
     for _ in range(20):
         clock.now += 1.0
@@ -43,6 +43,8 @@ def test_rates_over_the_window_and_in_total_on_a_fake_clock():
     assert stats.wait_fraction_total == pytest.approx(0.25)
     assert (stats.queue_depth, stats.in_flight, stats.retries) == (2, 1, 5)
     assert (stats.readahead, stats.max_in_flight, stats.cache_hit_ratio) == (8, 4, None)
+    assert (stats.hedges, stats.hedges_won) == (3, 1)
+    assert "hedges 3 (1 won)" in str(stats)
     assert stats.take_ms_p50 == pytest.approx(40.0) and stats.take_ms_p99 == pytest.approx(40.0)
 
     # 5 quiet seconds: the window holds 5 batches, the total rate drops to 2000 / 25
@@ -57,6 +59,7 @@ def test_rates_over_the_window_and_in_total_on_a_fake_clock():
     stats = telemetry.snapshot()
     assert stats.elapsed_s == pytest.approx(25.0)
     assert (stats.queue_depth, stats.in_flight, stats.retries) == (0, 0, 5)
+    assert (stats.hedges, stats.hedges_won) == (3, 1)  # frozen too
 
 
 def test_a_wait_still_going_on_counts_up_to_now():
@@ -92,12 +95,13 @@ def test_latency_percentiles_cover_the_latest_takes():
 
 def test_a_gone_iteration_reports_nothing_queued():
     telemetry = Telemetry(0, clock=Clock())
-    telemetry.attach(lambda: (1, 2, 3, 8, 4))
+    telemetry.attach(lambda: (1, 2, 3, 8, 4, 2, 0))
     assert telemetry.snapshot().retries == 3
     telemetry.attach(lambda: None)  # the iteration was garbage collected
     stats = telemetry.snapshot()
     assert (stats.queue_depth, stats.in_flight, stats.retries) == (0, 0, 3)
     assert (stats.readahead, stats.max_in_flight) == (0, 0)
+    assert (stats.hedges, stats.hedges_won) == (2, 0)
 
 
 def test_stats_before_any_iteration_are_zeros(ids_1003):

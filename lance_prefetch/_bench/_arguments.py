@@ -41,6 +41,13 @@ def _caches(text: str) -> tuple[str, ...]:
     return values
 
 
+def _hedges(text: str) -> tuple[str, ...]:
+    values = _names(text)
+    if not values or any(value not in ("auto", "none") for value in values):
+        raise argparse.ArgumentTypeError(f"should be among auto,none, got {text!r}")
+    return values
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -89,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lance-prefetch coalesce values, e.g. 1,auto (default: auto)")  # fmt: skip
     add("--cache", type=_caches, default=defaults.cache, metavar="none,memory,disk",
         help="lance-prefetch cache values (default: none)")  # fmt: skip
+    add("--hedge", type=_hedges, default=defaults.hedge, metavar="auto,none",
+        help="lance-prefetch hedge values: auto (hedged takes on object stores), none "
+        "(default: auto)")  # fmt: skip
     add("--repeats", type=int, default=defaults.repeats,
         help="runs of each lance-prefetch setting, in interleaved rounds; the median counts "
         "(default: 1)")  # fmt: skip
@@ -153,6 +163,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         max_in_flight=args.max_in_flight,
         coalesce=args.coalesce,
         cache=args.cache,
+        hedge=args.hedge,
         repeats=args.repeats,
         ceiling_concurrency=args.ceiling_concurrency,
         ceiling_repeats=args.ceiling_repeats,

@@ -77,6 +77,8 @@ class ContenderSpec:
         coalesce (int | str): ``coalesce`` of ``lance-prefetch``. Default: ``"auto"``.
         cache (str): ``cache`` of ``lance-prefetch``: ``"none"``, ``"memory"`` or ``"disk"`` (in a
             folder of the contender's own, removed afterwards). Default: ``"none"``.
+        hedge (str): ``hedge`` of ``lance-prefetch``: ``"auto"`` or ``"none"`` (``None``).
+            Default: ``"auto"``.
         concurrency (list[int]): thread-pool sizes for ``ceiling``. Default: ``[]``.
         ceiling_repeats (int): runs of ``ceiling`` per pool size. Default: ``2``.
         num_workers (int): DataLoader workers for ``map-style``. Default: ``4``.
@@ -106,6 +108,7 @@ class ContenderSpec:
     max_in_flight: int | str = 0
     coalesce: int | str = "auto"
     cache: str = "none"
+    hedge: str = "auto"
     concurrency: list[int] = field(default_factory=list)
     ceiling_repeats: int = 2
     num_workers: int = 4

@@ -43,6 +43,9 @@ class BenchConfig:
         cache (tuple[str, ...]): the grid's ``cache`` values, among ``"none"``, ``"memory"``,
             ``"disk"`` (a disk cache lives in the run's temporary folder). Default:
             ``("none",)``.
+        hedge (tuple[str, ...]): the grid's ``hedge`` values: ``"auto"`` (the loader's
+            default: hedged takes on object stores) and ``"none"`` (``hedge=None``). Default:
+            ``("auto",)``.
         repeats (int): runs of each ``lance-prefetch`` setting, each in its own process, in
             interleaved rounds (every setting once per round, the order rotated by one each
             round, so slow spells of the machine spread over the settings); the report keeps
@@ -100,6 +103,7 @@ class BenchConfig:
     readahead: tuple[int | str, ...] = (1, 4, 16, 64)
     max_in_flight: tuple[int | str, ...] = (1, 4, 16)
     coalesce: tuple[int | str, ...] = ("auto",)
+    hedge: tuple[str, ...] = ("auto",)
     cache: tuple[str, ...] = ("none",)
     repeats: int = 1
     ceiling_concurrency: tuple[int, ...] = (4, 16, 64)
@@ -160,6 +164,8 @@ class BenchConfig:
             raise ValueError(
                 f"cache should be among 'none', 'memory', 'disk', but got {list(self.cache)}"
             )
+        if not self.hedge or any(h not in ("auto", "none") for h in self.hedge):
+            raise ValueError(f"hedge should be among 'auto', 'none', but got {list(self.hedge)}")
         if "lance-prefetch" in self.contenders and not self.grid():
             raise ValueError(
                 f"no lance-prefetch setting has max_in_flight <= readahead: readahead="
@@ -179,9 +185,12 @@ class BenchConfig:
         return pairs
 
     def prefetch_settings(self) -> list[dict[str, Any]]:
-        """Every ``lance-prefetch`` setting: the :meth:`grid` times ``coalesce`` times ``cache``."""
+        """Every ``lance-prefetch`` setting: the :meth:`grid` times ``coalesce`` times ``cache``
+        times ``hedge`` (a setting names ``hedge`` only when it is not ``"auto"``)."""
         return [
             {"readahead": r, "max_in_flight": m, "coalesce": c, "cache": cache}
+            | ({} if hedge == "auto" else {"hedge": hedge})
+            for hedge in dict.fromkeys(self.hedge)
             for cache in dict.fromkeys(self.cache)
             for c in dict.fromkeys(self.coalesce)
             for r, m in self.grid()

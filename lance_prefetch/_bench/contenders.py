@@ -205,6 +205,7 @@ class _LancePrefetch:
             world_size=1,
             storage_options=spec.storage_options,
             version=spec.version,
+            hedge=None if spec.hedge == "none" else "auto",
             **cache,
         )
         if hasattr(self.loader, "_source"):  # the loader's own take calls, timed

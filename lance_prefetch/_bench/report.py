@@ -53,6 +53,8 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
             text += f", cache={settings['cache']}"
             if contender.get("fill_s") is not None:  # timed passes read the filled cache
                 text += f" (filled {contender['fill_s']:.1f} s after the first iter())"
+        if settings.get("hedge", "auto") != "auto":
+            text += f", hedge={settings['hedge']}"
         rates = [r["rows_per_s"] for r in contender.get("rounds", []) if "rows_per_s" in r]
         if rates:
             text += (

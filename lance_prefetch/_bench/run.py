@@ -210,6 +210,7 @@ def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]
         "grid": config.grid(),
         "coalesce": list(config.coalesce),
         "cache": list(config.cache),
+        "hedge": list(config.hedge),
         "repeats": config.repeats,
         "ceiling_concurrency": list(config.ceiling_concurrency),
         "ceiling_repeats": config.ceiling_repeats,
@@ -296,6 +297,8 @@ def _prefetch_label(config: BenchConfig, settings: Mapping[str, Any]) -> str:
         label += f" c{settings['coalesce']}"
     if settings["cache"] != "none":
         label += f" {settings['cache']}"
+    if settings.get("hedge", "auto") != "auto":
+        label += f" hedge={settings['hedge']}"
     return label
 
 
