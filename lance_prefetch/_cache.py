@@ -108,10 +108,14 @@ class DiskCache(FillingCache):
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         name = "".join(c if c.isalnum() or c in "-_." else "_" for c in _stem(source.uri))
         self.path = self.cache_dir / f"{name[:48]}-v{source.version}-{digest}.lance"
+        self._reset()
+
+    def _reset(self) -> None:
+        """No copy opened in this process yet, and a fill not started (also in a copy)."""
         self._lock = threading.Lock()
         self._local: LanceSource | None = None
         self._filling = BackgroundFill(
-            lambda stopping: self._open_copy(), f"cache='disk' of {source.uri!r}"
+            lambda stopping: self._open_copy(), f"cache='disk' of {self.source.uri!r}"
         )
 
     def prepare(self) -> None:
@@ -246,11 +250,7 @@ class DiskCache(FillingCache):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
-        self._local = None
-        self._filling = BackgroundFill(
-            lambda stopping: self._open_copy(), f"cache='disk' of {self.source.uri!r}"
-        )
+        self._reset()
 
 
 def with_cache(

@@ -101,15 +101,20 @@ def test_uring_on_an_object_store_is_refused_before_any_io():
         LanceMapDataset("s3://bucket/train.lance", io="uring")
 
 
-def test_a_kernel_refusing_io_uring_falls_back_with_a_warning(ids_1003, monkeypatch):
+def refuse_uring(monkeypatch) -> None:
+    """Make every open of a file+uring:// URI fail as a kernel refusing io_uring does."""
     opened = lance.dataset
 
-    def refuse_uring(uri, *args, **kwargs):
+    def refusing(uri, *args, **kwargs):
         if str(uri).startswith("file+uring://"):
             raise OSError("LanceError(IO): io_uring_setup: Operation not permitted (os error 1)")
         return opened(uri, *args, **kwargs)
 
-    monkeypatch.setattr(source_module.lance, "dataset", refuse_uring)
+    monkeypatch.setattr(source_module.lance, "dataset", refusing)
+
+
+def test_a_kernel_refusing_io_uring_falls_back_with_a_warning(ids_1003, monkeypatch):
+    refuse_uring(monkeypatch)
     with pytest.warns(RuntimeWarning, match=r"io='uring'.*Operation not permitted.*default reader"):
         loader = PrefetchLoader(ids_1003, 100, columns=["id"], seed=5, io="uring")
     assert loader.io == "default" and loader._source._read_uri == ids_1003
@@ -139,14 +144,7 @@ def test_io_auto_is_the_default_uring_for_local_files_default_on_object_stores(i
 
 
 def test_io_auto_falls_back_to_the_default_reader_without_a_warning(ids_1003, monkeypatch, caplog):
-    opened = lance.dataset
-
-    def refuse_uring(uri, *args, **kwargs):
-        if str(uri).startswith("file+uring://"):
-            raise OSError("LanceError(IO): io_uring_setup: Operation not permitted (os error 1)")
-        return opened(uri, *args, **kwargs)
-
-    monkeypatch.setattr(source_module.lance, "dataset", refuse_uring)
+    refuse_uring(monkeypatch)
     with warnings.catch_warnings(), caplog.at_level("DEBUG", logger="lance_prefetch.source"):
         warnings.simplefilter("error")
         loader = PrefetchLoader(ids_1003, 100, columns=["id"], seed=5)
