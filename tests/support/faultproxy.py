@@ -123,6 +123,8 @@ class FaultProxy:
         self._stopping = threading.Event()
         self._accepting = threading.Event()  # set while listening
         self._connections: dict[socket.socket, threading.Thread] = {}
+        # every connection thread not yet joined: one leaves _connections before it ends
+        self._serving: list[threading.Thread] = []
         self._accept_thread: threading.Thread | None = None
         self.log: list[Record] = []
         self.endpoint = ""
@@ -192,7 +194,7 @@ class FaultProxy:
         self.refuse()
         with self._lock:
             self._state.released.set()
-            threads = list(self._connections.values())
+            threads, self._serving = self._serving, []
         if self._accept_thread is not None:
             self._accept_thread.join(timeout=5)
         for thread in threads:
@@ -243,6 +245,8 @@ class FaultProxy:
                     connection.close()
                     return
                 self._connections[connection] = thread
+                self._serving = [t for t in self._serving if t.is_alive()]
+                self._serving.append(thread)
                 thread.start()
 
     def _serve(self, connection: socket.socket) -> None:
