@@ -27,7 +27,7 @@ from ._device import DeviceFeed, Placement
 from ._direct import DirectPrefetcher
 from ._errors import BatchLoadError
 from ._exit_guard import native_call
-from ._memory_cache import Gathered
+from ._memory_cache import Gathered, gathered
 from ._positions import DeliveryCounter
 from ._prefetcher import FetchError, Prefetcher, PrefetchStatistics
 from ._source import RowSource
@@ -90,6 +90,8 @@ class BatchReader:
         thread; not retried): a list of ``(rows, batch)``, or ending with the
         :class:`BatchLoadError` of a batch that failed (the batches before it are delivered)."""
         results: list[Any] = []
+        if len(group.batches) > 1 and not isinstance(table, Gathered):
+            table = gathered(table) or table  # dense columns: one conversion for the group
         pieces = split(table, group)
         if isinstance(table, Gathered) and self._transform is None and not self._placement.pinned:
             return [

@@ -26,7 +26,7 @@ from ._filling import BackgroundFill, FillingCache, FillStopped
 from ._source import LanceSource
 from .convert import _ZERO_COPY, fixed_row_bytes, to_tensors
 
-__all__ = ["Gathered", "MemoryCache", "dense_columns"]
+__all__ = ["Gathered", "MemoryCache", "dense_columns", "gathered"]
 
 
 class Gathered:
@@ -92,6 +92,14 @@ def dense_columns(table: pa.Table) -> dict[str, torch.Tensor]:
         if _viewable(array):
             dense[name] = to_tensors(pa.table({name: array}))[name]
     return dense
+
+
+def gathered(table: pa.Table) -> Gathered | None:
+    """All rows of ``table`` converted at once, to be split into batches (one conversion for a
+    coalesced take instead of one a batch), when every column's conversion is a view (see
+    :func:`dense_columns`: no nulls, so no batch of it can fail); else ``None``."""
+    dense = dense_columns(table) if table.num_columns else {}
+    return Gathered(dense, table.num_rows) if dense and len(dense) == table.num_columns else None
 
 
 def _viewable(array: pa.Array) -> bool:

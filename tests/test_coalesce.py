@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 from support.helpers import batch_ids, expected_rank_ids, loop_threads, wait_until
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
@@ -22,8 +24,11 @@ from lance_prefetch._coalesce import (
     split,
 )
 from lance_prefetch._config import LoaderConfig
+from lance_prefetch._iteration import BatchReader
+from lance_prefetch._memory_cache import gathered
 from lance_prefetch._source import LanceSource
 from lance_prefetch._uris import remote
+from lance_prefetch.convert import to_tensors
 from lance_prefetch.sampling import EpochPlan, PlannedBatch
 
 
@@ -92,6 +97,64 @@ def test_groups_and_split_give_back_each_batch_exactly():
     single = next(groups(iter(batches[:1]), 1))
     assert single.indices is batches[0].indices  # one batch: no copy
     assert repr(made[2]) == "Group(positions=[6, 7], rows=5)"
+
+
+def _group_table(extra: str | None) -> pa.Table:
+    rows = 10
+    values = np.arange(rows * 6)
+    image_type = pa.fixed_shape_tensor(pa.uint8(), (2, 3))
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(rows), pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(values[: rows * 3], pa.float32()), 3),
+            "grid": pa.FixedSizeListArray.from_arrays(
+                pa.FixedSizeListArray.from_arrays(pa.array(values[: rows * 4], pa.int16()), 2), 2
+            ),
+            "image": pa.ExtensionArray.from_storage(
+                image_type,
+                pa.FixedSizeListArray.from_arrays(pa.array(values % 256, pa.uint8()), 6),
+            ),
+        }
+    )
+    if extra == "text":
+        table = table.append_column("text", pa.array([f"row {i}" for i in range(rows)]))
+    elif extra == "null float":
+        weights = [float(i) for i in range(rows)]
+        weights[7] = None
+        table = table.append_column("weight", pa.array(weights, pa.float32()))
+    return table
+
+
+def _plain(value):
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, tuple(value.shape), value.nan_to_num(-1.0).tolist())
+    return value
+
+
+@pytest.mark.parametrize("extra", [None, "text", "null float"])
+def test_a_group_converts_as_its_batches_one_by_one_would(extra):
+    """Each batch of a group: the dtypes, shapes and values of converting that batch alone,
+    whether every column is a view (the group converted once, then split), or a column is not
+    (strings, a float column holding a null: batch by batch)."""
+    table = _group_table(extra)
+    assert (gathered(table) is None) == (extra is not None)
+    offsets = np.arange(10, dtype=np.uint64)
+    batches = tuple(
+        PlannedBatch(position, offsets[start:stop])
+        for position, (start, stop) in enumerate([(0, 4), (4, 8), (8, 10)])
+    )
+    group = Group(batches=batches, indices=offsets)
+    reader = BatchReader(SimpleNamespace(), epoch=0, transform=None, retry=None, telemetry=None)
+    results = reader.convert(group, table)
+    assert [indices.tolist() for indices, _ in results] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    for (_, got), (start, stop) in zip(results, [(0, 4), (4, 8), (8, 10)], strict=True):
+        want = to_tensors(table.slice(start, stop - start))
+        assert list(got) == list(want) == table.column_names
+        assert {k: _plain(v) for k, v in got.items()} == {k: _plain(v) for k, v in want.items()}
+    assert results[2][1]["image"].tolist() == [
+        [[48, 49, 50], [51, 52, 53]],
+        [[54, 55, 56], [57, 58, 59]],
+    ]
 
 
 def _recorded_takes(monkeypatch) -> list[list[int]]:
