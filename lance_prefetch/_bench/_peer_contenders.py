@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..convert import to_tensors
-from ._spec import ContenderSpec, open_dataset, plan_batches
+from ._spec import ContenderSpec, close_iterator, open_dataset, plan_batches
 
 __all__ = [
     "Grain",
@@ -140,9 +140,7 @@ class Grain:
         try:
             yield from iterator
         finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
+            close_iterator(iterator)
 
     def close(self) -> None:
         pass

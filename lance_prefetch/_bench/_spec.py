@@ -19,6 +19,7 @@ __all__ = [
     "THROUGHPUT_EPOCH",
     "UNIFORM",
     "WARMUP_EPOCH",
+    "close_iterator",
     "open_dataset",
     "plan_batches",
 ]
@@ -142,6 +143,14 @@ def plan_batches(spec: ContenderSpec, epoch: int, count: int) -> list[np.ndarray
             break
         batches.append(batch.indices)
     return batches
+
+
+def close_iterator(iterator: Any) -> None:
+    """Close a contender's iterator at the end of a pass, if it can be closed (a generator, a
+    loader's iterator); others are left to garbage collection."""
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
 
 
 def open_dataset(spec: ContenderSpec):

@@ -79,6 +79,7 @@ from ._spec import (
     THROUGHPUT_EPOCH,
     WARMUP_EPOCH,
     ContenderSpec,
+    close_iterator,
     open_dataset,
     plan_batches,
 )
@@ -145,9 +146,7 @@ class _LanceTorch:
                     batch = {self.spec.columns[0]: batch}
                 yield batch, None
         finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
+            close_iterator(iterator)
 
     def close(self) -> None:
         pass
