@@ -27,7 +27,7 @@ from ._device import DeviceFeed, Placement
 from ._direct import DirectPrefetcher
 from ._errors import BatchLoadError
 from ._exit_guard import native_call
-from ._memory_cache import Gathered, gathered
+from ._gathered import Gathered, gathered
 from ._positions import DeliveryCounter
 from ._prefetcher import FetchError, Prefetcher, PrefetchStatistics
 from ._source import RowSource

@@ -24,8 +24,8 @@ from lance_prefetch._coalesce import (
     split,
 )
 from lance_prefetch._config import LoaderConfig
+from lance_prefetch._gathered import gathered
 from lance_prefetch._iteration import BatchReader
-from lance_prefetch._memory_cache import gathered
 from lance_prefetch._source import LanceSource
 from lance_prefetch._uris import remote
 from lance_prefetch.convert import to_tensors

@@ -16,7 +16,7 @@ PUBLIC = ["convert", "lightning", "permutation", "retry", "sampling", "splits", 
 PRIVATE = [
     "_audit", "_bitset", "_blocking", "_budget", "_cache", "_cache_files", "_cli", "_coalesce",
     "_config", "_coverage", "_demo", "_device", "_direct",
-    "_epochs", "_errors", "_exit_guard", "_facade", "_filling", "_frameworks", "_interrupts", "_iteration", "_loader", "_mapstyle", "_memory_cache", "_mixture", "_multi",
+    "_epochs", "_errors", "_exit_guard", "_facade", "_filling", "_frameworks", "_gathered", "_interrupts", "_iteration", "_loader", "_mapstyle", "_memory_cache", "_mixture", "_multi",
     "_hedging", "_periods", "_positions", "_prefetcher", "_projection", "_ranks", "_sequences", "_shutdown", "_slots",
     "_source", "_subset", "_storage", "_telemetry", "_tuning", "_uris", "_validate", "_versions", "_bench",
     "_bench.config",
