@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from collections import Counter
+from contextlib import closing
 
 import lance
 import numpy as np
@@ -210,10 +211,11 @@ def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003, monkeypatch
     monkeypatch.setattr(LanceSource, "take", take)
     iterator = iter(loader)
     held = []
-    for batch_number, _ in enumerate(iterator):
-        held.append(iterator.statistics().held)
-        if batch_number == 30:
-            break
+    with closing(iterator):
+        for batch_number, _ in enumerate(iterator):
+            held.append(iterator.statistics().held)
+            if batch_number == 30:
+                break
     assert max(held_at_start) == 4  # reached while batch 2 stalled, never exceeded
     assert max(held) <= 4
 
