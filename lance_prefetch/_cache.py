@@ -217,6 +217,10 @@ class DiskCache(FillingCache):
         """Whether this process has opened the local copy already."""
         return self._local is not None
 
+    def cached_rows(self, indices: np.ndarray) -> int:
+        """All of ``indices`` once the local copy is open (:meth:`take` reads only it), else 0."""
+        return len(indices) if self._local is not None else 0
+
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them: from the
         local copy once it is open, from the dataset while the fill runs (or before it started).

@@ -75,13 +75,13 @@ class BatchReader:
         """The rows of a group of batches, read with one ``take`` (in a worker thread; retried
         by the prefetcher)."""
         source = self._source
-        cached = source.cached  # a cache: whether it is filled already
+        cached = source.cached_rows(group.indices)  # what a cache serves (before the take)
         started = time.perf_counter()
         table = self._gather(group.indices) if self._gather is not None else None
         if table is None:  # not a filled memory cache: Arrow rows
             table = source.take(group.indices)
         self._telemetry.record_take(
-            time.perf_counter() - started, table.nbytes, rows=table.num_rows, cached=cached
+            time.perf_counter() - started, table.nbytes, rows=table.num_rows, cached_rows=cached
         )
         return table
 

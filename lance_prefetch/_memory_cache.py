@@ -108,6 +108,13 @@ class MemoryCache(FillingCache):
         """Whether this process holds every row (the fill ended)."""
         return self._table is not None
 
+    def cached_rows(self, indices: np.ndarray) -> int:
+        """How many of the rows at ``indices`` are held now: all once the fill ended, else those
+        of the landed prefix (what :meth:`take` serves from memory)."""
+        if self._table is not None:
+            return len(indices)
+        return int(np.count_nonzero(np.asarray(indices) < self._landed))
+
     @property
     def ready(self) -> bool:
         """Whether :meth:`gather` serves every column from tensors already (the fill ended and

@@ -75,6 +75,18 @@ class ConcatSource:
         states = [s.cached for s in self.sources]
         return None if all(c is None for c in states) else all(states)
 
+    def cached_rows(self, indices: np.ndarray) -> int | None:
+        """``None`` without caches, else the rows at global positions ``indices`` that their
+        datasets' caches hold now (a dataset without a cache holds none)."""
+        if all(s.cached is None for s in self.sources):
+            return None
+        indices = np.asarray(indices, dtype=np.int64)
+        which = np.searchsorted(self.starts, indices, side="right") - 1
+        held = 0
+        for i in np.unique(which):
+            held += self.sources[i].cached_rows(indices[which == i] - self.starts[i]) or 0
+        return held
+
     def datasets(self) -> list[dict[str, Any]]:
         """Each dataset's ``{"uri", "version", "num_rows"}``, in order (what a state records)."""
         return [{"uri": s.uri, "version": s.version, "num_rows": s.num_rows} for s in self.sources]
@@ -157,6 +169,10 @@ class MixtureSource(ConcatSource):
         """Refused (``RuntimeError``): read through :meth:`for_epoch`."""
         raise RuntimeError("a mixture's rows depend on the epoch: read through for_epoch(epoch)")
 
+    def cached_rows(self, indices: np.ndarray) -> int | None:
+        """Refused as :meth:`take` is (the rows behind positions depend on the epoch)."""
+        return self.take(indices)  # type: ignore[return-value]
+
     def samples(self, epoch: int) -> list[Permutation]:
         """Each dataset's permutation in ``epoch``, whose first ``counts[i]`` rows it gives
         (an ``"array"`` one is materialised on first use, once per epoch and process)."""
@@ -192,6 +208,12 @@ class _EpochMixture:
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows of the epoch's positions ``indices``, in that order."""
         return self.mixture.read(self.mixture.rows_of(self._samples, indices))
+
+    def cached_rows(self, indices: np.ndarray) -> int | None:
+        """How many of the epoch's positions ``indices`` the datasets' caches hold now."""
+        if self.mixture.cached is None:
+            return None
+        return ConcatSource.cached_rows(self.mixture, self.mixture.rows_of(self._samples, indices))
 
 
 def epoch_view(source: RowSource, epoch: int) -> RowSource:

@@ -83,6 +83,10 @@ class RowSource(Protocol):
     def cached(self) -> bool | None:
         """Whether a cache holds the rows in this process already; ``None``: no cache."""
 
+    def cached_rows(self, indices: np.ndarray) -> int | None:
+        """How many of the rows at ``indices`` a cache would serve now in this process, without
+        reading the dataset (``None``: no cache)."""
+
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at ``indices`` (offsets), in that order (see :meth:`LanceSource.take`)."""
 
@@ -269,6 +273,10 @@ class LanceSource:
 
     @property
     def cached(self) -> None:
+        """``None``: no cache (see :class:`RowSource`)."""
+        return None
+
+    def cached_rows(self, indices: np.ndarray) -> None:
         """``None``: no cache (see :class:`RowSource`)."""
         return None
 

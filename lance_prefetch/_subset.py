@@ -108,6 +108,10 @@ class SubsetSource:
     cached = property(lambda self: self.inner.cached, doc="As the inner source's.")
     num_rows = property(lambda self: self.subset.num_rows, doc="Rows selected, ``m``.")
 
+    def cached_rows(self, indices: np.ndarray) -> int | None:
+        """As the inner source's, for the row offsets of positions ``indices``."""
+        return self.inner.cached_rows(self.subset.offsets[indices])
+
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at positions ``indices`` (each in ``[0, m)``), in that order: the inner
         source's rows at ``offsets[indices]`` (its errors as they are)."""

@@ -186,16 +186,16 @@ class Telemetry:
             self.waited += waited_s
 
     def record_take(
-        self, seconds: float, nbytes: int, *, rows: int = 0, cached: bool | None = None
+        self, seconds: float, nbytes: int, *, rows: int = 0, cached_rows: int | None = None
     ) -> None:
         """A take returned ``nbytes`` Arrow bytes (``rows`` rows) after ``seconds`` (from a
-        worker thread); ``cached``: whether a cache served it (``None``: no cache)."""
+        worker thread); ``cached_rows``: how many of them a cache served (``None``: no cache)."""
         now = self.clock()
         with self._lock:
             self.rows_read += rows
-            if cached is not None:
+            if cached_rows is not None:
                 self.rows_taken += rows
-                self.rows_cached += rows if cached else 0
+                self.rows_cached += cached_rows
             self._takes.append((now, self.bytes))
             _expire(self._takes, now - self.window_s)
             self.bytes += nbytes

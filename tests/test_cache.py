@@ -106,6 +106,7 @@ def test_the_first_epoch_is_read_while_the_memory_cache_fills(fresh_ids, monkeyp
     assert epoch_values(cached, 0) == expected[0]
     assert cached._source.landed == first_two and not cached._source.cached
     assert sum(taken) == cached.num_rows - first_two  # the landed rows were not taken again
+    assert cached.stats().cache_hit_ratio == first_two / cached.num_rows  # landed rows are hits
     stall.set()
     cached._source.fill()
     taken.clear()

@@ -207,6 +207,36 @@ def test_each_dataset_has_its_own_filter_and_cache(tmp_path):
     assert len(pickle.dumps(loader)) < 8_000  # small: URIs, versions, the offsets; never a dataset
 
 
+def test_the_rows_a_cache_holds_are_counted_per_dataset_of_a_concatenation_and_a_mixture(tmp_path):
+    """Only the first dataset's cache is filled: of any positions, exactly those of its rows
+    count as held, for the concatenation and each mixture epoch; and a filter over a disk copy."""
+    first, second = (
+        write_shifted(tmp_path / "a.lance", 50, LOCAL),
+        write_shifted(tmp_path / "b.lance", 30, 0),
+    )
+    options = {"filter": "label < 3", "cache": "memory", "drop_last": False}
+    concat = PrefetchLoader([first, second], 4, **options)
+    concat._source.sources[0].fill()  # 15 rows held; the second cache never started
+    positions = np.arange(concat.num_rows)
+    assert concat._source.cached_rows(positions) == 15
+    assert concat._source.cached_rows(positions[10:20]) == 5  # positions 10 .. 14 are the first's
+    plain = PrefetchLoader([first, second], 4, filter="label < 3", drop_last=False)
+    assert plain._source.cached_rows(positions) is None
+    mixed = PrefetchLoader([first, second], 4, weights=[1, 1], **options)
+    mixed._source.sources[0].fill()
+    for epoch in (0, 1):
+        view = _multi.epoch_view(mixed._source, epoch)
+        rows = view.mixture.rows_of(view._samples, np.arange(mixed.num_rows))
+        assert view.cached_rows(np.arange(mixed.num_rows)) == int(np.sum(rows < 15))
+    with pytest.raises(RuntimeError, match="for_epoch"):
+        mixed._source.cached_rows(positions)
+    # a filter over a disk copy: none held before the copy is open, every selected row after
+    disk = PrefetchLoader(first, 4, filter="label < 3", cache="disk", cache_dir=tmp_path / "c")
+    assert disk._source.cached_rows(np.arange(15)) == 0
+    disk._source.inner.fill()
+    assert disk._source.cached_rows(np.arange(15)) == 15
+
+
 @pytest.mark.timeout(60)
 def test_two_dataloader_workers_read_the_concatenation_and_a_mixture_as_planned(tmp_path):
     """One DataLoader (2 forkserver workers) over the concatenation, then a mixture of the same

@@ -44,6 +44,9 @@ class FakeSource:
     io = "default"
     cached = None
 
+    def cached_rows(self, indices):
+        return None
+
     @property
     def num_rows(self) -> int:
         return self._table.num_rows
@@ -118,6 +121,9 @@ class FlakySource:
     schema = property(lambda self: self.inner.schema)
     io = property(lambda self: self.inner.io)
     cached = property(lambda self: self.inner.cached)
+
+    def cached_rows(self, indices):
+        return self.inner.cached_rows(indices)
 
     def check_offsets(self, indices):
         self.inner.check_offsets(indices)
