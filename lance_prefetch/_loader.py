@@ -22,7 +22,7 @@ from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade, loader_identity, loader_repr
 from ._frameworks import reads_every_rank
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
-from ._multi import epoch_view, open_sources
+from ._multi import epoch_view, naming_rows, open_sources
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
 from ._ranks import Ranks
 from ._shutdown import close_all
@@ -97,8 +97,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         log_every (float, optional): log :meth:`stats` every this many seconds (INFO, logger
             ``"lance_prefetch.stats"``). Default: ``None``.
         coalesce (int | str, optional): consecutive batches read by one ``take`` and split back;
-            ``"auto"``: ``ceil(1024 / batch_size)``, at most ``readahead // 2``; an int
-            ``<= readahead``. Default: ``"auto"``.
+            ``"auto"``: ``ceil(4096 / batch_size)`` (``ceil(16384 / batch_size)`` on an object
+            store), at most ``readahead // 2``; an int ``<= readahead``. Default: ``"auto"``.
         cache (str, optional): ``"memory"`` (one scan fills this process's copy) or ``"disk"`` (a
             local copy under ``cache_dir``, shared); same rows, same order. Default: ``None``.
         cache_bytes, cache_dir (optional): with ``cache="memory"``, the most bytes of rows (an int;
@@ -184,12 +184,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self.config = config = LoaderConfig(
             batch_size=batch_size, columns=columns, seed=seed, readahead=readahead,
             max_in_flight=max_in_flight, drop_last=drop_last, shuffle=shuffle, rank=rank,
-            world_size=world_size,
-            storage_options=storage_options, version=version, transform=transform, retry=retry,
-            permutation=permutation, io=io, log_every_s=log_every, coalesce=coalesce, cache=cache,
-            cache_bytes=cache_bytes, cache_dir=cache_dir, max_buffer_bytes=max_buffer_bytes,
-            pin_memory=pin_memory, device=device, audit=audit, audit_dir=audit_dir, filter=filter,
-            split=split, weights=weights, hedge=hedge,
+            world_size=world_size, storage_options=storage_options, version=version,
+            transform=transform, retry=retry, permutation=permutation, io=io, log_every_s=log_every,
+            coalesce=coalesce, cache=cache, cache_bytes=cache_bytes, cache_dir=cache_dir,
+            max_buffer_bytes=max_buffer_bytes, pin_memory=pin_memory, device=device, audit=audit,
+            audit_dir=audit_dir, filter=filter, split=split, weights=weights, hedge=hedge,
         )  # fmt: skip
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
@@ -207,7 +206,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.
         self.permutation = resolved.permutation
         self._resolved = resolved  # with its tuner: one per loader copy
-        self._plan(0, 0, self._ranks.value[1])  # raises for drop_last=True with too few rows
+        with naming_rows(self._source):  # drop_last=True with too few rows: names the rows read
+            self._plan(0, 0, self._ranks.value[1])
 
     batch_size = _option("batch_size", "Rows per batch.")
     seed = _option("seed", "The base seed of every epoch's permutation.")

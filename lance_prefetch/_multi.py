@@ -21,8 +21,9 @@ source (URI, version, options; a subset's offsets), never an open dataset.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,10 +32,11 @@ import pyarrow as pa
 from ._config import LoaderConfig
 from ._mixture import dataset_seed, epoch_length, mixture_counts
 from ._source import RowSource
-from ._subset import open_source
+from ._subset import open_source, subset_of
 from .permutation import Permutation, make_permutation
+from .sampling import TooFewRowsError
 
-__all__ = ["ConcatSource", "MixtureSource", "epoch_view", "open_sources"]
+__all__ = ["ConcatSource", "MixtureSource", "epoch_view", "naming_rows", "open_sources"]
 
 
 class ConcatSource:
@@ -219,6 +221,26 @@ class _EpochMixture:
 def epoch_view(source: RowSource, epoch: int) -> RowSource:
     """What reads ``epoch`` from a loader's source: a mixture's epoch, else ``source``."""
     return source.for_epoch(epoch) if isinstance(source, MixtureSource) else source
+
+
+@contextlib.contextmanager
+def naming_rows(source: RowSource) -> Iterator[None]:
+    """Within it, a plan's too-few-rows ``ValueError`` names what reads the rows ``source``
+    has: a mixture's epoch, a list of datasets, a filter or split of the dataset."""
+    try:
+        yield
+    except TooFewRowsError as exc:
+        if isinstance(source, MixtureSource):
+            rows = f"an epoch of the mixture of {len(source.sources)} datasets has"
+        elif isinstance(source, ConcatSource):
+            selected = any(subset_of(each) is not None for each in source.sources)
+            datasets = f"the {len(source.sources)} datasets"
+            rows = f"the filtered rows of {datasets} are" if selected else f"{datasets} have"
+        elif (subset := subset_of(source)) is not None:
+            rows = f"{subset.describe()} of the dataset's {subset.total_rows} rows selects"
+        else:
+            raise
+        raise TooFewRowsError(exc.needed, exc.num_rows, rows) from None
 
 
 def open_sources(source: Any, config: LoaderConfig) -> RowSource:

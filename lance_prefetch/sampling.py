@@ -82,7 +82,19 @@ from .permutation import (
     resolve_kind,
 )
 
-__all__ = ["EpochPlan", "PlannedBatch", "epoch_permutation", "index_dtype"]
+__all__ = ["EpochPlan", "PlannedBatch", "TooFewRowsError", "epoch_permutation", "index_dtype"]
+
+
+class TooFewRowsError(ValueError):
+    """:class:`EpochPlan`'s ``ValueError`` for ``drop_last=True`` with fewer than ``needed`` rows
+    (``num_rows``): a loader re-raises it naming its filter, split or datasets."""
+
+    def __init__(self, needed: str, num_rows: int, rows: str = "the dataset has") -> None:
+        self.needed, self.num_rows = needed, num_rows
+        super().__init__(
+            f"drop_last=True needs at least {needed} rows, but {rows} {num_rows}; use a smaller "
+            f"batch_size or drop_last=False"
+        )
 
 
 @dataclass(frozen=True)
@@ -124,7 +136,8 @@ class EpochPlan:
 
     Raises:
         TypeError: an argument has the wrong type (bools are not integers here).
-        ValueError: a value is out of range, or ``drop_last=True``, ``start=0`` and
+        ValueError: a value is out of range.
+        TooFewRowsError: (a ``ValueError``) ``drop_last=True``, ``start=0`` and
             ``num_rows < batch_size * world_size`` (no rank could get a single full batch).
     """
 
@@ -152,10 +165,10 @@ class EpochPlan:
         )
         object.__setattr__(self, "permutation_kind", kind)  # frozen: set once, resolved
         if self.drop_last and self.start == 0 and self.num_rows < self.rows_per_round:
-            raise ValueError(
-                f"drop_last=True needs at least batch_size * world_size = "
-                f"{self.batch_size} * {self.world_size} = {self.batch_size * self.world_size} rows, "
-                f"but the dataset has {self.num_rows}; use a smaller batch_size or drop_last=False"
+            raise TooFewRowsError(
+                f"batch_size * world_size = {self.batch_size} * {self.world_size} = "
+                f"{self.batch_size * self.world_size}",
+                self.num_rows,
             )
 
     @functools.cached_property

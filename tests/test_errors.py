@@ -24,7 +24,7 @@ from conftest import write_ids
 from support.helpers import WORKERS, batch_ids, collect, stopping
 from torch.utils.data import DataLoader
 
-from lance_prefetch import BatchLoadError, LanceMapDataset, PrefetchLoader, collate
+from lance_prefetch import BatchLoadError, LanceMapDataset, PrefetchLoader, Split, collate
 
 
 @contextmanager
@@ -221,6 +221,33 @@ def test_one_row_with_drop_last_and_a_larger_batch_is_refused(one_row):
     )
     with pytest.raises(ValueError, match=r"= 1 \* 2 = 2 rows, but the dataset has 1;"):
         PrefetchLoader(one_row, 1, rank=0, world_size=2)
+
+
+def test_too_few_rows_names_the_filter_split_or_list_that_has_them(ids_25, one_row):
+    """The count is of the rows the loader reads, and the message says what selects them."""
+    needs = "drop_last=True needs at least batch_size * world_size = 8 * 1 = 8 rows, but"
+    fix = "; use a smaller batch_size or drop_last=False"
+    parts = Split(fractions={"big": 0.9, "small": 0.1}, name="small", seed=1)
+    cases = [
+        (
+            dict(source=ids_25, filter="id < 5"),
+            "filter='id < 5' of the dataset's 25 rows selects 5",
+        ),
+        (dict(source=ids_25, split=parts), "split part 'small' of the dataset's 25 rows selects 2"),
+        (dict(source=[one_row, one_row]), "the 2 datasets have 2"),
+        (
+            dict(source=[ids_25, one_row], filter="id < 3"),
+            "the filtered rows of the 2 datasets are 4",
+        ),
+        (
+            dict(source=[ids_25, one_row], weights=[1, 1]),
+            "an epoch of the mixture of 2 datasets has 2",
+        ),
+    ]
+    for options, rows in cases:
+        with pytest.raises(ValueError) as info:
+            PrefetchLoader(batch_size=8, columns=["id"], **options)
+        assert str(info.value) == f"{needs} {rows}{fix}"
 
 
 @pytest.mark.parametrize("batch_size,drop_last", [(2, False), (64, False), (1, True), (1, False)])
