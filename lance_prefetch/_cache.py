@@ -32,6 +32,7 @@ version has another key, so a cache never serves rows of another version.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -120,7 +121,14 @@ class DiskCache(FillingCache):
 
     def prepare(self) -> None:
         """Start making (or finding and opening) the copy in the background, unless this process
-        opened it already; until it is open, :meth:`take` reads the dataset itself."""
+        opened it already; until it is open, :meth:`take` reads the dataset itself. A whole copy
+        already there (another run's) is opened here, so the first epoch reads only it: finding
+        it costs a ``stat`` a file. (If that open fails, the background fill meets the error
+        again, and every read raises it.)"""
+        if self._local is None and self.path.exists():
+            if check_copy(self.path, self._about()) is None:
+                with contextlib.suppress(Exception):
+                    self._open_copy()
         if self._local is None:
             self._filling.start()
 
