@@ -57,7 +57,8 @@ def write_digits(data_dir: str | Path, *, held_out_fraction: float = 0.2) -> tup
         pixels = pa.array(digits.images[part].astype(np.uint8).reshape(-1))
         image = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pixels, 8), 8)
         table = pa.table({"id": ids[part], "image": image, "label": digits.target[part]})
-        lance.write_dataset(table, str(path), mode="overwrite", max_rows_per_file=512)
+        mode = "overwrite" if path.exists() else "create"  # "overwrite" of nothing: Lance warns
+        lance.write_dataset(table, str(path), mode=mode, max_rows_per_file=512)
     return paths[0], paths[1]
 
 
