@@ -58,7 +58,7 @@ from ._cache_files import (
     write_record,
 )
 from ._config import SourceOptions
-from ._filling import BackgroundFill, FillingCache
+from ._filling import BackgroundFill, FillingCache, FillStopped
 from ._memory_cache import MemoryCache
 from ._source import LanceSource
 from .convert import fixed_row_bytes
@@ -115,9 +115,7 @@ class DiskCache(FillingCache):
         """No copy opened in this process yet, and a fill not started (also in a copy)."""
         self._lock = threading.Lock()
         self._local: LanceSource | None = None
-        self._filling = BackgroundFill(
-            lambda stopping: self._open_copy(), f"cache='disk' of {self.source.uri!r}"
-        )
+        self._filling = BackgroundFill(self._open_copy, f"cache='disk' of {self.source.uri!r}")
 
     def prepare(self) -> None:
         """Start making (or finding and opening) the copy in the background, unless this process
@@ -150,12 +148,13 @@ class DiskCache(FillingCache):
         assert self._local is not None
         return self._local
 
-    def _open_copy(self) -> None:
-        """The fill (in its thread): the copy made if needed, then opened."""
+    def _open_copy(self, stopping: threading.Event | None = None) -> None:
+        """The fill (in its thread): the copy made if needed (ended early once ``stopping`` is
+        set), then opened."""
         with self._lock:
             if self._local is None:
                 if not self.path.exists() or check_copy(self.path, self._about()) is not None:
-                    self._copy()
+                    self._copy(stopping)
                 options = SourceOptions(io="auto", columns=self.source.columns)  # a local copy
                 local = LanceSource(os.fspath(self.path), options)
                 if local.num_rows != self.source.num_rows:
@@ -166,7 +165,7 @@ class DiskCache(FillingCache):
                     )
                 self._local = local
 
-    def _copy(self) -> None:
+    def _copy(self, stopping: threading.Event | None) -> None:
         """Under the copy's lock: remove what killed fills left, keep a copy another process
         made meanwhile, else set a damaged one aside, copy and publish."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -185,18 +184,23 @@ class DiskCache(FillingCache):
                         stacklevel=5,
                     )
                     set_aside(self.path)
-                self._publish()
+                self._publish(stopping)
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 
-    def _publish(self) -> None:
+    def _publish(self, stopping: threading.Event | None) -> None:
         """Copy into a private folder, record the copy, and rename it into place; on a full
         disk, remove the partial copy and raise the explained error."""
         partial = None
         try:
             partial = tempfile.mkdtemp(prefix=f".partial-{self.path.name}-", dir=self.cache_dir)
             target = Path(partial, "copy.lance")
-            self.source.copy_to(os.fspath(target))
+            try:
+                self.source.copy_to(os.fspath(target), stopping=stopping)
+            except Exception:
+                if stopping is not None and stopping.is_set():
+                    raise FillStopped from None  # stopped (what Lance made of it aside)
+                raise
             write_record(target, self._about())
             os.rename(target, self.path)  # atomic: readers see all of it or nothing
         except OSError as exc:

@@ -9,9 +9,8 @@ be paths into structs (``"image.bytes"``) and blob columns (read with ``read_blo
 returns one flat table (:mod:`lance_prefetch._projection`).
 
 Storage options go to Lance as given. For ``s3://`` URIs they are checked before any I/O, an
-explicit endpoint is probed (a few seconds at most, where Lance alone retries for seconds or
-minutes), and a failed open becomes an error naming the parameter and the fix, without secrets
-(:mod:`lance_prefetch._storage`).
+explicit endpoint is probed (seconds at most; Lance alone retries for minutes), and a failed open
+becomes an error naming the parameter and the fix, without secrets (``_storage``).
 """
 
 from __future__ import annotations
@@ -133,8 +132,7 @@ class LanceSource:
     Attributes:
         uri (str): the dataset's URI. version (int): the pinned version. num_rows (int): live rows
         of that version. columns (tuple[str, ...]): the projection. schema (pyarrow.Schema): the
-        projected schema. io (str): the reader in use, ``"default"`` or ``"uring"`` (after any
-        fallback).
+        projected schema. io (str): the reader in use, ``"default"`` or ``"uring"`` (fallen back).
 
     Raises:
         TypeError: ``source`` is neither a URI nor a ``lance.LanceDataset``.
@@ -144,10 +142,9 @@ class LanceSource:
         ConnectionError: the object store's endpoint could not be reached (probed within a few
             seconds when ``storage_options`` sets it).
         ValueError: ``version`` does not exist (the message gives the latest version, and the tags
-            for a tag), or a column is not in the schema (the message lists the schema's columns,
-            or a struct's fields for a path),
-            or an S3 endpoint in ``storage_options`` is not a URL or is plain ``http`` without
-            ``allow_http``, or ``io="uring"`` names a dataset that is not local.
+            for a tag), a column is not in the schema (the message lists the schema's columns, or
+            a struct's fields for a path), an S3 endpoint in ``storage_options`` is not a URL or
+            is plain ``http`` without ``allow_http``, or ``io="uring"`` names a non-local dataset.
 
     No message, ``repr`` or re-raised Lance error holds a value of a secret-looking storage option.
     """
@@ -178,8 +175,7 @@ class LanceSource:
             # Opened with the default reader first (its errors are the explained ones).
             self._read_uri = "file" + given[len(URING) :] if scheme(given) == URING else given
         if isinstance(source, lance.LanceDataset):
-            dataset = source
-            self.uri = source.uri
+            dataset, self.uri = source, source.uri
             if is_s3(self.uri):  # the options serve other processes: check them now
                 check_s3_options(self._storage_options)
         elif isinstance(source, (str, os.PathLike)):
@@ -204,8 +200,7 @@ class LanceSource:
         #: The pinned version's whole schema (for checks of options naming other columns).
         self.dataset_schema: pa.Schema = dataset.schema
         self.num_rows: int = dataset.count_rows()
-        #: When the pinned version was committed (ISO 8601, from its manifest; ``""`` if Lance
-        #: does not say): with the URI and version, it names the version's rows for caches.
+        #: When the pinned version was committed (ISO 8601; ``""`` if Lance does not say).
         self.committed: str = committed(dataset)
         if self.io == "uring":
             dataset = self._switch_to_uring(dataset, warn=asked == "uring")
@@ -335,17 +330,23 @@ class LanceSource:
                 f"{self.num_rows}"
             )
 
-    def copy_to(self, path: str) -> None:
-        """Write :meth:`scan`'s rows to a new local Lance dataset at ``path`` (same offsets).
+    def copy_to(self, path: str, *, stopping: threading.Event | None = None) -> None:
+        """Write :meth:`scan`'s rows to a new local Lance dataset at ``path`` (same offsets);
+        once ``stopping`` is set, fail at the next record batch (the caller removes ``path``).
 
         Raises:
             OSError: ``path`` exists, or the disk is full.
-            Exception: as :meth:`scan`.
+            Exception: as :meth:`scan`; any error once ``stopping`` is set.
         """
         projection = self._projection  # paths back in their structs: Lance refuses "a.b" names
-        reader = pa.RecordBatchReader.from_batches(
-            projection.storage_schema, (projection.nest(batch) for batch in self.scan())
-        )
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for batch in self.scan():
+                if stopping is not None and stopping.is_set():
+                    raise InterruptedError(f"the copy to {path!r} was stopped")
+                yield projection.nest(batch)
+
+        reader = pa.RecordBatchReader.from_batches(projection.storage_schema, batches())
         with native_call():
             lance.write_dataset(reader, path, mode="create", max_rows_per_file=1 << 24)
 

@@ -11,6 +11,8 @@ import fcntl
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import lance
@@ -18,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from support.disks import LANCE_ENOSPC, SmallDisk
-from support.helpers import batch_ids, expected_rank_ids
+from support.helpers import batch_ids, checkout_env, expected_rank_ids
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
 from lance_prefetch import _cache_files as cache_files
@@ -51,9 +53,9 @@ def count_copies(monkeypatch) -> list[int]:
     copies = [0]
     original = LanceSource.copy_to
 
-    def copy_to(self, path):
+    def copy_to(self, path, **options):
         copies[0] += 1
-        return original(self, path)
+        return original(self, path, **options)
 
     monkeypatch.setattr(LanceSource, "copy_to", copy_to)
     return copies
@@ -322,3 +324,41 @@ def test_what_killed_fills_left_is_removed_by_the_next_fill_of_that_copy(ids_100
     assert sorted(p.name for p in cache_dir.iterdir()) == sorted(
         [*theirs, name, loader._source.path.stem + ".lock"]
     )
+
+
+_SLOW_FILL = """
+import sys, time
+from lance_prefetch import PrefetchLoader
+from lance_prefetch._source import LanceSource
+
+scan = LanceSource.scan
+
+def slow_scan(self, **options):  # 21 record batches, 0.5 s each: a copy of 10 s
+    for batch in scan(self, **{**options, "batch_rows": 50}):
+        time.sleep(0.5)
+        yield batch
+
+LanceSource.scan = slow_scan
+options = {"cache_dir": sys.argv[3]} if sys.argv[2] == "disk" else {}
+loader = PrefetchLoader(sys.argv[1], 50, cache=sys.argv[2], **options)
+print(next(iter(loader))["id"].shape[0], flush=True)  # the fill runs behind; the script ends
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cache", ["disk", "memory"])
+def test_a_process_ending_during_the_fill_stops_it_at_the_next_record_batch(
+    ids_1003, tmp_path, cache
+):
+    """The script ends 0.5 s into a 10 s fill: the fill stops at its next record batch, so the
+    process ends with its own status, without the exit guard's "still inside Lance" (which would
+    come after 5 s), and nothing of a partial disk copy is left."""
+    cache_dir = tmp_path / "cache"
+    done = subprocess.run(
+        [sys.executable, "-c", _SLOW_FILL, ids_1003, cache, str(cache_dir)],
+        capture_output=True, text=True, env=checkout_env(), timeout=45,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "50\n"), done.stderr[-2000:]
+    assert "still inside Lance" not in done.stderr
+    assert not list(cache_dir.glob(".partial-*")) and not list(cache_dir.glob("*.lance"))
