@@ -168,8 +168,17 @@ class DiskCache(FillingCache):
     def _copy(self, stopping: threading.Event | None) -> None:
         """Under the copy's lock: remove what killed fills left, keep a copy another process
         made meanwhile, else set a damaged one aside, copy and publish."""
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as lock_file:
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            lock_file = open(self.path.with_suffix(".lock"), "a")  # closed by the with below
+        except OSError as exc:
+            raise type(exc)(
+                exc.errno,
+                f"cache='disk': cache_dir={str(self.cache_dir)!r} cannot hold the copy of "
+                f"{self.source.uri!r} ({type(exc).__name__}: {exc.strerror or exc}); pass a folder "
+                f"this process can write as cache_dir, or set $LANCE_PREFETCH_CACHE_DIR",
+            ) from exc
+        with lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)  # another process may be copying: wait
             try:
                 remove_leftovers(self.cache_dir, self.path.name)

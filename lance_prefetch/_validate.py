@@ -282,21 +282,31 @@ def check_version(name: str, value: Any) -> int | str | None:
 
 
 def check_folder(name: str, value: Any) -> Any:
-    """``value`` if it is ``None`` or a path (``str`` or ``os.PathLike``) that is not a file and
-    not empty (a folder, created later if missing).
+    """``value`` if it is ``None`` or a path (``str`` or ``os.PathLike``) to a folder, or to one
+    that can be created later: not empty, and the path itself or else its nearest existing
+    ancestor is a folder (a ``stat`` or two; nothing is created here).
 
     Raises:
-        TypeError: not a path. ValueError: empty, or an existing file.
+        TypeError: not a path. ValueError: empty, something other than a folder (a file, a
+            device), or below something other than a folder.
     """
     if value is None:
         return None
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name} should be a path (str or os.PathLike), got {value!r}")
     path = os.fspath(value)
-    if path == "" or os.path.isfile(path):
+    problem = ""
+    if path and os.path.lexists(path):
+        problem = "" if os.path.isdir(path) else ", which is not a folder"
+    elif path:
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        problem = "" if os.path.isdir(parent) else f", below {parent!r}, which is not a folder"
+    if path == "" or problem:
         raise ValueError(
-            f"{name} should be a folder (created if missing), but got {name}={path!r}"
-            + (", which is a file" if path else "")
+            f"{name} should be a folder (created if missing), but got {name}={path!r}{problem}; "
+            f"pass a folder this process can write"
         )
     return value
 

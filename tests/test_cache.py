@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import threading
 import time
 
@@ -288,7 +289,19 @@ def test_caches_read_s3_datasets_by_scan(s3, s3_ids_503, tmp_path):
         ({"cache_dir": "/tmp/x"}, ValueError, r"cache_dir applies to cache='disk' only"),
         ({"cache": "disk", "cache_dir": 3}, TypeError, r"cache_dir should be a path"),
         ({"cache": "disk", "cache_dir": ""}, ValueError, r"cache_dir should be a folder"),
-        ({"cache": "disk", "cache_dir": __file__}, ValueError, r"cache_dir should be a .*a file"),
+        (
+            {"cache": "disk", "cache_dir": __file__},
+            ValueError,
+            rf"^cache_dir should be a folder \(created if missing\), but got cache_dir="
+            rf"'{re.escape(__file__)}', which is not a folder; pass a folder this process can write$",
+        ),
+        (
+            {"cache": "disk", "cache_dir": __file__ + "/below/cache"},
+            ValueError,
+            rf"^cache_dir should be a folder .*, below '{re.escape(__file__)}', which is not a "
+            rf"folder; pass a folder this process can write$",
+        ),
+        ({"cache": "disk", "cache_dir": "/dev/null"}, ValueError, r"'/dev/null', which is not a"),
         ({"coalesce": 9, "readahead": 8}, ValueError, r"coalesce should be <= readahead"),
     ],
 )
@@ -303,3 +316,20 @@ def test_memory_source_takes_check_offsets(ids_1003):
         source.take(np.array([0, 1003]))
     assert not source.cached  # refused before the fill
     assert source.take(np.array([5, 1, 5]))["id"].to_pylist() == [5, 1, 5]
+
+
+def test_a_cache_dir_that_cannot_be_made_is_the_reads_error_naming_cache_dir(ids_1003):
+    """``/proc`` is a folder, so the path passes the check at construction, but nothing can be
+    made in it: every read raises the fill's error, which names ``cache_dir`` and the fix."""
+    loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir="/proc/lance-prefetch-cache")
+    with pytest.raises(BatchLoadError) as info:
+        next(iter(loader))
+    message = str(info.value)
+    assert (
+        "cache='disk': cache_dir='/proc/lance-prefetch-cache' cannot hold the copy of "
+        f"{ids_1003!r} (" in message
+    )
+    assert message.endswith(
+        "); pass a folder this process can write as cache_dir, or set $LANCE_PREFETCH_CACHE_DIR"
+    )
+    assert isinstance(info.value.__cause__, OSError)
