@@ -11,8 +11,9 @@ The rule (``coalesce="auto"``): ``k = ceil(target / batch_size)``, at most ``rea
 (so that one group can be read while the previous one is consumed) and at least 1, ``target``
 being :data:`TARGET_ROWS` for local files and :data:`TARGET_ROWS_REMOTE` on object stores, where a
 take's rows that lie close together are fetched by one request (so a larger take needs fewer
-requests a row). An integer ``coalesce`` sets ``k`` itself (``1``: one take per batch). Pure
-code: no Lance, no torch.
+requests a row). An integer ``coalesce`` sets ``k`` itself (``1``: one take per batch). An
+iteration ramps up to ``k``: its first groups hold 1, 2, 4, ... batches, so that its first batch
+waits for one batch's take (and transform) only. Pure code: no Lance, no torch.
 """
 
 from __future__ import annotations
@@ -112,10 +113,14 @@ class Group:
         return f"Group(positions={positions}, rows={len(self.indices)})"
 
 
-def groups(batches: Iterable[PlannedBatch], size: int) -> Iterator[Group]:
-    """``batches`` in groups of ``size`` (the last may be smaller), lazily, in order."""
+def groups(batches: Iterable[PlannedBatch], size: int, *, ramp: bool = False) -> Iterator[Group]:
+    """``batches`` in groups of ``size`` (the last may be smaller), lazily, in order. With
+    ``ramp``, the first groups hold 1, 2, 4, ... batches until ``size``: the first batch comes
+    after a take of its own rows, not of ``size`` batches (and not after ``size`` transforms)."""
     batches = iter(batches)
-    while chunk := tuple(itertools.islice(batches, size)):
+    step = 1 if ramp else size
+    while chunk := tuple(itertools.islice(batches, step)):
+        step = min(2 * step, size)
         indices = (
             chunk[0].indices
             if len(chunk) == 1

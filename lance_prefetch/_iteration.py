@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -70,6 +71,12 @@ class BatchReader:
         self._retry, self._telemetry, self._placement = retry, telemetry, placement
         #: a memory cache's ``gather`` (rows already as tensors once it is filled), else None
         self._gather = getattr(source, "gather", None)
+        self._stopped = threading.Event()  # the iteration closed: convert nothing more
+
+    def stop(self) -> None:
+        """The iteration is over: a group being converted stops at its next batch (its
+        results are dropped), so a close or an exit does not wait for a group's transforms."""
+        self._stopped.set()
 
     def read(self, group: Group) -> Any:
         """The rows of a group of batches, read with one ``take`` (in a worker thread; retried
@@ -99,6 +106,8 @@ class BatchReader:
                 for batch, piece in zip(group.batches, pieces, strict=True)
             ]
         for batch, piece in zip(group.batches, pieces, strict=True):
+            if self._stopped.is_set():
+                break  # nobody will receive them
             try:
                 with native_call(lance=False):  # a transform may run native code (torch)
                     tensors = piece.values if isinstance(piece, Gathered) else to_tensors(piece)
@@ -266,6 +275,7 @@ class LoaderIterator(BlockingPrefetcher[Any]):
 
     def close(self, *, wait: bool = True) -> None:
         self._telemetry.end()
+        self._reader.stop()
         self._pending.clear()  # batches read but never delivered (their tokens die with the loop)
         if self._feed is not None:
             self._feed.clear()
@@ -352,7 +362,8 @@ def start_iteration(
     audit: EpochAudit | None = None,
 ) -> LoaderIterator:
     """Start reading ``plan`` for ``rank`` (``None``: every rank's batches, in global order) and
-    the worker share ``counter`` describes, in groups of ``resolved.coalesce`` batches: with the
+    the worker share ``counter`` describes, in groups ramping up to ``resolved.coalesce`` batches
+    (:func:`~lance_prefetch._coalesce.groups`; fewer for a small share): with the
     ``readahead`` and ``max_in_flight`` of ``config``, or (``"auto"``) the bounds its tuner
     reached so far; batches placed as ``config.placement`` says, recorded by ``audit``."""
     readahead, max_in_flight, tuner = config.readahead, config.max_in_flight, resolved.tuner
@@ -374,7 +385,11 @@ def start_iteration(
                                            process=reader.convert, readahead=int(readahead),
                                            max_in_flight=int(max_in_flight))  # fmt: skip
     else:
-        prefetcher = Prefetcher(groups(batches, resolved.coalesce), reader.read,
+        # ramped up to at most 1/(2 max_in_flight) of the share: a small epoch's takes (and their
+        # transforms) still run max_in_flight at a time
+        share = (plan.num_batches if rank is None else plan.batches_of(rank)) // num_workers
+        size = min(resolved.coalesce, max(-(-share // (2 * int(max_in_flight))), 1))
+        prefetcher = Prefetcher(groups(batches, size, ramp=True), reader.read,
                                 process=reader.convert, readahead=int(readahead),
                                 max_in_flight=int(max_in_flight), retry=config.retry,
                                 size=len, hedge=resolved.hedge)  # fmt: skip

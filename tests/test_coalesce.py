@@ -99,6 +99,14 @@ def test_groups_and_split_give_back_each_batch_exactly():
     assert repr(made[2]) == "Group(positions=[6, 7], rows=5)"
 
 
+def test_ramped_groups_hold_1_2_4_batches_up_to_the_size():
+    batches = list(EpochPlan(num_rows=60, batch_size=3, drop_last=False).rank_batches(0))
+    ramped = list(groups(iter(batches), 6, ramp=True))
+    assert [len(g) for g in ramped] == [1, 2, 4, 6, 6, 1]  # 20 batches
+    assert [b.position for g in ramped for b in g.batches] == list(range(20))
+    assert [len(g) for g in groups(iter(batches[:2]), 6, ramp=True)] == [1, 1]
+
+
 def _group_table(extra: str | None) -> pa.Table:
     rows = 10
     values = np.arange(rows * 6)
@@ -171,9 +179,18 @@ def _recorded_takes(monkeypatch) -> list[list[int]]:
     return taken
 
 
-@pytest.mark.parametrize("coalesce", [1, 2, 3, 7])
-def test_a_coalesced_epoch_is_the_plan_with_one_take_per_group(ids_1003, monkeypatch, coalesce):
-    loader = PrefetchLoader(ids_1003, 100, drop_last=False, readahead=8, coalesce=coalesce)
+@pytest.mark.parametrize(
+    ("coalesce", "max_in_flight", "sizes"),
+    [(1, 4, [1] * 11), (2, 1, [1, 2, 2, 2, 2, 2]), (3, 1, [1, 2, 3, 3, 2]), (7, 1, [1, 2, 4, 4]),
+     (7, 4, [1, 2, 2, 2, 2, 2])],
+)  # fmt: skip
+def test_a_coalesced_epoch_is_the_plan_with_one_take_per_group(
+    ids_1003, monkeypatch, coalesce, max_in_flight, sizes
+):
+    """11 batches: takes of 1, 2, 4, ... batches up to ``coalesce``, and at most
+    ceil(11 / (2 * max_in_flight)) (6 with one take in flight, 2 with four)."""
+    loader = PrefetchLoader(ids_1003, 100, drop_last=False, readahead=8, coalesce=coalesce,
+                            max_in_flight=max_in_flight)  # fmt: skip
     taken = _recorded_takes(monkeypatch)
     batches = list(loader)
     expected = expected_rank_ids(loader)
@@ -181,17 +198,23 @@ def test_a_coalesced_epoch_is_the_plan_with_one_take_per_group(ids_1003, monkeyp
     assert [b["vector"][:, 0].tolist() for b in batches] == [
         [float(i) for i in e] for e in expected
     ]
-    groups_ = [expected[i : i + coalesce] for i in range(0, len(expected), coalesce)]
+    starts = np.cumsum([0, *sizes])
+    groups_ = [expected[start:end] for start, end in zip(starts[:-1], starts[1:], strict=True)]
     assert sorted(taken) == sorted(sum(group, []) for group in groups_)
 
 
 def test_coalesced_takes_on_another_rank(ids_1003, monkeypatch):
-    """Rank 1 of 2 groups its own batches: one take per 3 of them, its batches exactly."""
-    loader = PrefetchLoader(ids_1003, 25, rank=1, world_size=2, coalesce=3, drop_last=False)
+    """Rank 1 of 2 groups its own 21 batches: takes of 1, 2, then 3 of them, its batches
+    exactly."""
+    loader = PrefetchLoader(ids_1003, 25, rank=1, world_size=2, coalesce=3, drop_last=False,
+                            max_in_flight=1)  # fmt: skip
     taken = _recorded_takes(monkeypatch)
     expected = expected_rank_ids(loader, 1)
-    assert batch_ids(loader) == expected
-    assert sorted(taken) == sorted(sum(expected[i : i + 3], []) for i in range(0, len(expected), 3))
+    assert batch_ids(loader) == expected and len(expected) == 21
+    starts = [0, 1, 3, 6, 9, 12, 15, 18, 21]
+    assert sorted(taken) == sorted(
+        sum(expected[a:b], []) for a, b in zip(starts[:-1], starts[1:], strict=True)
+    )
 
 
 def test_groups_of_a_dataloader_worker_are_its_own_batches():
@@ -348,3 +371,49 @@ def test_a_group_is_planned_batches():
     batch = PlannedBatch(3, np.array([1, 2], dtype=np.uint32))
     group = Group((batch,), batch.indices)
     assert (group.position, len(group)) == (3, 1)
+
+
+@pytest.mark.timeout(60)
+def test_the_first_batch_waits_for_its_own_take_and_transform_only(ids_1003):
+    """Every transform but batch 0's waits until the test lets it go: ``next()`` still returns
+    batch 0 (its take holds it alone), and then the epoch is exact."""
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], transform=lambda b: gate(b))
+    expected = expected_rank_ids(loader)
+    release = threading.Event()
+
+    def gate(batch):
+        if batch["id"].tolist() != expected[0]:
+            assert release.wait(30)
+        return batch
+
+    assert loader.coalesce == 410  # auto: ceil(4096 / 10) batches a take, after the ramp
+    iterator = iter(loader)
+    first = next(iterator)
+    release.set()
+    assert batch_ids([first, *iterator]) == expected
+
+
+@pytest.mark.timeout(60)
+def test_closing_stops_the_transforms_of_a_group_being_converted(ids_1003):
+    """Takes of 1, 2, then 4 batches; batch 4's transform (in the take of batches 3-6) waits
+    until the test closes the iteration: batches 5 and 6 are never transformed."""
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], coalesce=4, readahead=8,
+                            max_in_flight=1, transform=lambda b: gate(b))  # fmt: skip
+    expected = expected_rank_ids(loader)
+    closed, transformed = threading.Event(), []
+
+    def gate(batch):
+        position = expected.index(batch["id"].tolist())
+        transformed.append(position)
+        if position == 4:
+            assert closed.wait(30)
+        return batch
+
+    iterator = iter(loader)
+    assert batch_ids([next(iterator) for _ in range(3)]) == expected[:3]
+    assert wait_until(lambda: 4 in transformed)
+    iterator.close(wait=False)
+    closed.set()
+    assert wait_until(lambda: not loop_threads())
+    time.sleep(0.2)  # a transform of batch 5 would have run by now
+    assert sorted(transformed) == [0, 1, 2, 3, 4]

@@ -130,19 +130,18 @@ def latest_ids_after(operations: tuple[str, ...], before: list[int]) -> list[int
 
 
 def read_with_write_mid_epoch(loader: PrefetchLoader, monkeypatch, write_now) -> list:
-    """Read epoch 0 of ``loader``; after its first batch, with ``readahead`` batches held and
-    ``max_in_flight`` takes in flight, call ``write_now()``. Returns every batch of the epoch."""
+    """Read epoch 0 of ``loader`` (``readahead=8``, ``max_in_flight=4``, 4 batches a take); after
+    its first batch, with the next takes in flight and held at their start, call ``write_now()``.
+    Returns every batch of the epoch."""
+    assert (loader.readahead, loader.max_in_flight, loader.coalesce) == (8, 4, 4)
     loader.set_epoch(0)
-    k = loader.coalesce  # batches per take: the first take (k batches) is let through
-    gate = HeldTakes(monkeypatch, free=sum(expected_rank_ids(loader)[:k], []))
+    # An iteration's takes ramp up to 4 batches: batch 0 alone (let through), batches 1-2, 3-6
+    # (both held: 2 + 4 of the 8 readahead slots; the next take of 4 would not fit), 7-10, ...
+    gate = HeldTakes(monkeypatch, free=expected_rank_ids(loader)[0])
     iterator = iter(loader)
     first = next(iterator)
-    # The first take's k - 1 other batches are held by the iterator; the readahead left (the slot
-    # batch 0 gave back included) starts takes of k batches, each held at its start up to
-    # max_in_flight (the rest queued for a thread).
-    takes = (loader.readahead - k + 1) // k
-    assert wait_until(lambda: gate.waiting == min(takes, loader.max_in_flight), timeout=30)
-    assert wait_until(lambda: iterator.statistics().held == k - 1 + takes * k, timeout=30)
+    assert wait_until(lambda: gate.waiting == 2, timeout=30)
+    assert wait_until(lambda: iterator.statistics().held == 6, timeout=30)
     write_now()
     gate.release()
     return [first, *iterator]
