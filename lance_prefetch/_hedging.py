@@ -125,16 +125,23 @@ class Hedger:
     def __init__(self, policy: HedgePolicy) -> None:
         self.policy = policy
         self._durations: deque[float] = deque(maxlen=WINDOW)
+        self._units = 0  # the batches of the largest take observed: the window's takes
         self._lock = threading.Lock()
         self._tokens = 0.0  # the bucket starts empty: hedges <= budget x takes, always
         self.started = 0  # takes started (hedges not included)
         self.issued = 0  # hedges started
         self.won = 0  # hedges whose rows were used
 
-    def observe(self, seconds: float) -> None:
-        """A take returned after ``seconds`` (a loser's late return counts too: it is real)."""
+    def observe(self, seconds: float, units: int = 1) -> None:
+        """A take of ``units`` batches returned after ``seconds`` (a loser's late return counts
+        too: it is real). Only the largest takes seen so far are kept: an iteration's first,
+        smaller takes (its ramp) and its last one would pull the threshold down."""
         with self._lock:
-            self._durations.append(seconds)
+            if units > self._units:
+                self._units = units
+                self._durations.clear()
+            if units == self._units:
+                self._durations.append(seconds)
 
     def delay(self) -> float | None:
         """Seconds after which a take starting now gets a hedge; ``None`` (no hedge) until

@@ -157,7 +157,7 @@ class Prefetcher(Generic[T, R]):
         readahead, self._max_in_flight = check_depths(readahead, max_in_flight)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry should be a RetryPolicy or None, but got retry={retry!r}")
-        self._size = size
+        self._size = size or (lambda item: 1)  # units of readahead an item holds
         self._budget = ReadaheadBudget(readahead)
         self._items = items
         self._fetch, self._process, self._retry = fetch, process, retry
@@ -208,7 +208,7 @@ class Prefetcher(Generic[T, R]):
                         if self._failed:
                             break
                         item = next(items)
-                        units = 1 if self._size is None else self._size(item)
+                        units = self._size(item)
                         if not 1 <= units <= self._budget.readahead:
                             raise ValueError(
                                 f"an item of {units} units cannot be read ahead with "
@@ -317,7 +317,7 @@ class Prefetcher(Generic[T, R]):
         if timer is not None:
             timer.stop()
         if self._hedger is not None:
-            self._hedger.observe(time.perf_counter() - started)
+            self._hedger.observe(time.perf_counter() - started, self._size(item))
         if self._closing:  # closed while it read: the result is dropped, nothing processes it
             return None
         if not slot.claim():  # another fetch of the item returned first: it finishes the slot

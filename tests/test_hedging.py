@@ -140,6 +140,18 @@ def test_the_delay_is_the_percentile_or_the_median_multiple_whichever_is_later()
     assert hedger.delay() == pytest.approx(1.0)
 
 
+def test_only_the_largest_takes_set_the_delay():
+    """An iteration's ramp (takes of 1, 2, 4 batches) and its smaller last take are left out of
+    the window: the delay is that of its full takes only."""
+    hedger = Hedger(HedgePolicy(percentile=90.0, min_slowdown=2.0, min_samples=3))
+    for units, seconds in [(1, 0.01), (2, 0.02), (4, 0.04), (4, 0.05)]:
+        hedger.observe(seconds, units)
+    assert hedger.delay() is None  # two takes of 4 batches so far
+    hedger.observe(0.06, 4)
+    hedger.observe(0.001, 3)  # the last, smaller take of the epoch
+    assert hedger.delay() == pytest.approx(0.1)  # 2 x the median of 0.04, 0.05, 0.06
+
+
 def test_a_hedge_that_fails_leaves_the_take_to_finish():
     """The hedge of a stalled take raises; the take's own result is still used."""
     calls: Counter[int] = Counter()
