@@ -61,6 +61,7 @@ from ._config import SourceOptions
 from ._filling import BackgroundFill, FillingCache, FillStopped
 from ._memory_cache import MemoryCache
 from ._source import LanceSource
+from ._validate import check_folder
 from .convert import fixed_row_bytes
 
 __all__ = ["DiskCache", "MemoryCache", "default_cache_bytes", "default_cache_dir", "with_cache"]
@@ -79,7 +80,7 @@ def default_cache_dir() -> Path:
     ``~/.cache/lance-prefetch`` (the default ``cache_dir``)."""
     explicit = os.environ.get("LANCE_PREFETCH_CACHE_DIR")
     if explicit:
-        return Path(explicit)
+        return Path(check_folder("$LANCE_PREFETCH_CACHE_DIR", os.path.expanduser(explicit)))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "lance-prefetch"
 
@@ -104,7 +105,7 @@ class DiskCache(FillingCache):
 
     def __init__(self, source: LanceSource, cache_dir: str | os.PathLike[str]) -> None:
         self.source = source
-        self.cache_dir = Path(cache_dir)
+        self.cache_dir = Path(cache_dir).expanduser()
         key = json.dumps([source.uri, source.version, source.committed, list(source.columns)])
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         name = "".join(c if c.isalnum() or c in "-_." else "_" for c in _stem(source.uri))
@@ -120,11 +121,12 @@ class DiskCache(FillingCache):
     def prepare(self) -> None:
         """Start making (or finding and opening) the copy in the background, unless this process
         opened it already; until it is open, :meth:`take` reads the dataset itself. A whole copy
-        already there (another run's) is opened here, so the first epoch reads only it: finding
-        it costs a ``stat`` a file. (If that open fails, the background fill meets the error
-        again, and every read raises it.)"""
+        already there (another run's) whose files all keep their recorded stamps is opened here,
+        so the first epoch reads only it: finding it costs a ``stat`` a file (a copy with a new
+        stamp is checked by the background fill, which reads it). If that open fails, the
+        background fill meets the error again, and every read raises it."""
         if self._local is None and self.path.exists():
-            if check_copy(self.path, self._about()) is None:
+            if check_copy(self.path, self._about(), read=False) is None:
                 with contextlib.suppress(Exception):
                     self._open_copy()
         if self._local is None:
@@ -172,12 +174,7 @@ class DiskCache(FillingCache):
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             lock_file = open(self.path.with_suffix(".lock"), "a")  # closed by the with below
         except OSError as exc:
-            raise type(exc)(
-                exc.errno,
-                f"cache='disk': cache_dir={str(self.cache_dir)!r} cannot hold the copy of "
-                f"{self.source.uri!r} ({type(exc).__name__}: {exc.strerror or exc}); pass a folder "
-                f"this process can write as cache_dir, or set $LANCE_PREFETCH_CACHE_DIR",
-            ) from exc
+            raise self._unwritable(exc) from exc
         with lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)  # another process may be copying: wait
             try:
@@ -197,12 +194,27 @@ class DiskCache(FillingCache):
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 
+    def _unwritable(self, exc: OSError) -> OSError:
+        """``exc`` (of making the folder, the lock or the private fill folder) as an error of
+        the same type naming ``cache_dir`` and the fix."""
+        return type(exc)(
+            exc.errno,
+            f"cache='disk': cache_dir={str(self.cache_dir)!r} cannot hold the copy of "
+            f"{self.source.uri!r} ({type(exc).__name__}: {exc.strerror or exc}); pass a folder "
+            f"this process can write as cache_dir, or set $LANCE_PREFETCH_CACHE_DIR",
+        )
+
     def _publish(self, stopping: threading.Event | None) -> None:
         """Copy into a private folder, record the copy, and rename it into place; on a full
         disk, remove the partial copy and raise the explained error."""
         partial = None
         try:
-            partial = tempfile.mkdtemp(prefix=f".partial-{self.path.name}-", dir=self.cache_dir)
+            try:
+                partial = tempfile.mkdtemp(prefix=f".partial-{self.path.name}-", dir=self.cache_dir)
+            except OSError as exc:
+                if is_disk_full(exc):
+                    raise
+                raise self._unwritable(exc) from exc
             target = Path(partial, "copy.lance")
             try:
                 self.source.copy_to(os.fspath(target), stopping=stopping)

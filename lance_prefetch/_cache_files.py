@@ -79,11 +79,12 @@ def write_record(copy: Path, about: dict[str, Any]) -> None:
     (copy / RECORD).write_text(text)
 
 
-def check_copy(copy: Path, about: dict[str, Any]) -> str | None:
+def check_copy(copy: Path, about: dict[str, Any], *, read: bool = True) -> str | None:
     """``None`` if the copy at ``copy`` is the one its record describes and the record says it
     holds ``about``; otherwise what is wrong, for a message (a copy without a record was damaged
     or made by an older lance_prefetch). A file whose stamp changed but whose CRC-32 did not gets
-    its new stamp recorded (best effort), so it is not read again at the next open."""
+    its new stamp recorded (best effort), so it is not read again at the next open. With
+    ``read=False`` no file is read: a changed stamp is a problem ("not checked without reading")."""
     try:
         record = json.loads((copy / RECORD).read_text())
     except FileNotFoundError:
@@ -106,6 +107,8 @@ def check_copy(copy: Path, about: dict[str, Any]) -> str | None:
             if stat.st_size != entry["size"]:
                 return f"its file {name} has {stat.st_size:,} bytes, not {entry['size']:,}"
             if _stamp(stat) != entry["stamp"]:
+                if not read:
+                    return f"its file {name} has a new stamp (not checked without reading it)"
                 if crc32(copy / name) != entry["crc32"]:
                     return f"its file {name} was changed (its CRC-32 differs)"
                 entry["stamp"], restamped = _stamp(stat), True

@@ -206,8 +206,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.
         self.permutation = resolved.permutation
         self._resolved = resolved  # with its tuner: one per loader copy
-        with naming_rows(self._source):  # drop_last=True with too few rows: names the rows read
-            self._plan(0, 0, self._ranks.value[1])
+        self._plan(0, 0, self._ranks.value[1])  # raises for drop_last=True with too few rows
 
     batch_size = _option("batch_size", "Rows per batch.")
     seed = _option("seed", "The base seed of every epoch's permutation.")
@@ -277,11 +276,12 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         return self._plan(self.epoch if epoch is None else epoch, start, self.world_size)
 
     def _plan(self, epoch: int, start: int, world_size: int) -> EpochPlan:
-        return EpochPlan(
-            num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed, epoch=epoch,
-            world_size=world_size, drop_last=self.drop_last, start=start,
-            permutation_kind=self.permutation, shuffle=self.shuffle,
-        )  # fmt: skip
+        with naming_rows(self._source):  # drop_last=True with too few rows: names the rows read
+            return EpochPlan(
+                num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed, epoch=epoch,
+                world_size=world_size, drop_last=self.drop_last, start=start,
+                permutation_kind=self.permutation, shuffle=self.shuffle,
+            )  # fmt: skip
 
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank, but with

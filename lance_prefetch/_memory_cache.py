@@ -169,7 +169,8 @@ class MemoryCache(FillingCache):
     def gather(self, indices: np.ndarray) -> Gathered | None:
         """The rows at ``indices`` already converted (as
         :func:`~lance_prefetch.convert.to_tensors` would convert :meth:`take`'s table), or
-        ``None`` before the fill ended."""
+        ``None`` before the fill ended or if a column does not convert (read by :meth:`take`
+        then, and converted batch by batch)."""
         table = self._table
         if table is None:
             return None
@@ -179,7 +180,10 @@ class MemoryCache(FillingCache):
         values = {name: torch.index_select(dense[name], 0, positions) for name in dense}
         if len(values) < table.num_columns:
             rest = [name for name in table.column_names if name not in dense]
-            values.update(to_tensors(table.select(rest).take(pa.array(indices))))
+            try:
+                values.update(to_tensors(table.select(rest).take(pa.array(indices))))
+            except Exception:  # e.g. a null in a tensor column: taken as a table instead, so
+                return None  # that the failing batch's own conversion names that batch
             values = {name: values[name] for name in table.column_names}
         return Gathered(values, len(indices))
 

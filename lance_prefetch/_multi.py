@@ -235,7 +235,7 @@ def naming_rows(source: RowSource) -> Iterator[None]:
         elif isinstance(source, ConcatSource):
             selected = any(subset_of(each) is not None for each in source.sources)
             datasets = f"the {len(source.sources)} datasets"
-            rows = f"the filtered rows of {datasets} are" if selected else f"{datasets} have"
+            rows = f"the selected rows of {datasets} are" if selected else f"{datasets} have"
         elif (subset := subset_of(source)) is not None:
             rows = f"{subset.describe()} of the dataset's {subset.total_rows} rows selects"
         else:

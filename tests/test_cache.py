@@ -333,3 +333,59 @@ def test_a_cache_dir_that_cannot_be_made_is_the_reads_error_naming_cache_dir(ids
         "); pass a folder this process can write as cache_dir, or set $LANCE_PREFETCH_CACHE_DIR"
     )
     assert isinstance(info.value.__cause__, OSError)
+
+
+def test_a_null_in_a_filled_memory_cache_fails_its_own_batch_as_without_a_cache(tmp_path):
+    """``label`` (int32) has nulls at 4 rows; ``text`` keeps the cache from holding tensors only.
+    Epoch 1, read from the filled cache, stops where the uncached loader does: at the first
+    batch holding a null, naming that batch, the batches before it delivered."""
+    nulls = {5, 1002, 1999, 2996}
+    table = pa.table({
+        "id": np.arange(3000),
+        "label": pa.array([None if i in nulls else i % 10 for i in range(3000)], pa.int32()),
+        "text": [f"row {i}" for i in range(3000)],
+    })  # fmt: skip
+    uri = str(tmp_path / "nulls.lance")
+    lance.write_dataset(table, uri, max_rows_per_file=1000)
+
+    def epoch_1(**options):
+        loader = PrefetchLoader(uri, 37, columns=["id", "label", "text"], seed=0, **options)
+        loader.set_epoch(1)
+        delivered = []
+        with pytest.raises(BatchLoadError) as info:
+            for batch in loader:
+                delivered.append(batch["id"].tolist())
+        return loader, delivered, str(info.value)
+
+    plain, expected, message = epoch_1()
+    cached = PrefetchLoader(uri, 37, columns=["id", "label", "text"], seed=0, cache="memory")
+    cached._source.fill()
+    assert cached._source.cached and not cached._source.ready  # text: not a tensor column
+    delivered = []
+    cached.set_epoch(1)
+    with pytest.raises(BatchLoadError) as info:
+        for batch in cached:
+            delivered.append(batch["id"].tolist())
+    first_null = next(n for n, ids in enumerate(expected_rank_ids(plain)) if nulls & set(ids))
+    assert delivered == expected == expected_rank_ids(plain)[:first_null]
+    assert str(info.value) == message
+    assert message.startswith(f"batch {first_null} of epoch 1 (37 rows) from {uri!r} version 1 "
+                              "failed in conversion or transform: ")  # fmt: skip
+
+
+def test_the_cache_dir_variable_is_checked_as_cache_dir_is_and_expands_the_home(
+    ids_25, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("LANCE_PREFETCH_CACHE_DIR", "/dev/null")
+    with pytest.raises(ValueError) as info:
+        PrefetchLoader(ids_25, 5, cache="disk")
+    assert str(info.value) == (
+        "$LANCE_PREFETCH_CACHE_DIR should be a folder (created if missing), but got "
+        "$LANCE_PREFETCH_CACHE_DIR='/dev/null', which is not a folder; pass a folder this "
+        "process can write"
+    )
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("LANCE_PREFETCH_CACHE_DIR", "~/variable")
+    assert PrefetchLoader(ids_25, 5, cache="disk")._source.cache_dir == tmp_path / "variable"
+    given = PrefetchLoader(ids_25, 5, cache="disk", cache_dir="~/given")
+    assert given._source.cache_dir == tmp_path / "given"

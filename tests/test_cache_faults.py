@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import lance
@@ -25,6 +26,7 @@ from support.helpers import batch_ids, checkout_env, expected_rank_ids
 from lance_prefetch import BatchLoadError, PrefetchLoader
 from lance_prefetch import _cache_files as cache_files
 from lance_prefetch._cache_files import RECORD, check_copy
+from lance_prefetch._filling import THREAD_NAME
 from lance_prefetch._source import LanceSource
 
 FIXES = (
@@ -254,14 +256,21 @@ def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_rea
     ids_1003, tmp_path, monkeypatch
 ):
     """Reuse costs a stat a file: no CRC-32 is computed. A file whose timestamps changed but not
-    its bytes is read once, kept (no new fill, no warning) and its new stamp recorded."""
+    its bytes is read once, by the background fill (never by ``iter()`` in the training thread),
+    kept (no new fill, no warning) and its new stamp recorded."""
     cache_dir = tmp_path / "cache"
     first = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir)
     assert read(first) == expected_rank_ids(first)
     copy = first._source.path
     summed = []
     original = cache_files.crc32
-    monkeypatch.setattr(cache_files, "crc32", lambda path: summed.append(path) or original(path))
+
+    def crc32(path):
+        assert threading.current_thread().name == THREAD_NAME  # the fill's thread
+        summed.append(path)
+        return original(path)
+
+    monkeypatch.setattr(cache_files, "crc32", crc32)
     copies = count_copies(monkeypatch)
     for touch in (False, True, False):
         if touch:

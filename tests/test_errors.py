@@ -237,8 +237,9 @@ def test_too_few_rows_names_the_filter_split_or_list_that_has_them(ids_25, one_r
         (dict(source=[one_row, one_row]), "the 2 datasets have 2"),
         (
             dict(source=[ids_25, one_row], filter="id < 3"),
-            "the filtered rows of the 2 datasets are 4",
+            "the selected rows of the 2 datasets are 4",
         ),
+        (dict(source=[ids_25, ids_25], split=parts), "the selected rows of the 2 datasets are 4"),
         (
             dict(source=[ids_25, one_row], weights=[1, 1]),
             "an epoch of the mixture of 2 datasets has 2",
@@ -248,6 +249,20 @@ def test_too_few_rows_names_the_filter_split_or_list_that_has_them(ids_25, one_r
         with pytest.raises(ValueError) as info:
             PrefetchLoader(batch_size=8, columns=["id"], **options)
         assert str(info.value) == f"{needs} {rows}{fix}"
+
+
+def test_too_few_rows_for_ranks_detected_later_names_the_filter(ids_25, monkeypatch):
+    """One rank at construction; two detected (RANK/WORLD_SIZE) when the loader is used."""
+    loader = PrefetchLoader(ids_25, 4, columns=["id"], filter="id < 5")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError) as info:
+        len(loader)
+    assert str(info.value) == (
+        "drop_last=True needs at least batch_size * world_size = 4 * 2 = 8 rows, but "
+        "filter='id < 5' of the dataset's 25 rows selects 5; use a smaller batch_size or "
+        "drop_last=False"
+    )
 
 
 @pytest.mark.parametrize("batch_size,drop_last", [(2, False), (64, False), (1, True), (1, False)])
