@@ -265,7 +265,7 @@ def test_an_s3_endpoint_that_stops_answering_fails_within_the_budget(s3, s3_ids_
     assert caught.value.position == 0 and caught.value.attempts == 2
     assert isinstance(caught.value.__cause__, TimeoutError)
     assert "took longer than timeout=0.5 s" in str(caught.value)
-    assert 1.0 <= elapsed < 2.0  # the error is raised without waiting for the hung reads
+    assert 1.0 <= elapsed < 5.0  # not waiting for the hung reads (10,000 s); loaded CI: 2.2 s
     assert not loop_threads()
     faults.clear()  # the hung requests are answered; their reads end, their threads exit
     assert wait_until(lambda: not reader_threads())
