@@ -127,8 +127,9 @@ class DiskCache(FillingCache):
         background fill meets the error again, and every read raises it."""
         if self._local is None and self.path.exists():
             if check_copy(self.path, self._about(), read=False) is None:
-                with contextlib.suppress(Exception):
-                    self._open_copy()
+                with self._lock, contextlib.suppress(Exception):  # the fill meets it again
+                    if self._local is None:
+                        self._local = self._open_local()
         if self._local is None:
             self._filling.start()
 
@@ -157,15 +158,23 @@ class DiskCache(FillingCache):
             if self._local is None:
                 if not self.path.exists() or check_copy(self.path, self._about()) is not None:
                     self._copy(stopping)
-                options = SourceOptions(io="auto", columns=self.source.columns)  # a local copy
-                local = LanceSource(os.fspath(self.path), options)
-                if local.num_rows != self.source.num_rows:
-                    raise ValueError(
-                        f"the disk cache {str(self.path)!r} holds {local.num_rows} rows, but "
-                        f"{self.source.uri!r} version {self.source.version} has "
-                        f"{self.source.num_rows}; delete the copy to rebuild it"
-                    )
-                self._local = local
+                self._local = self._open_local()
+
+    def _open_local(self) -> LanceSource:
+        """The copy at :attr:`path`, found whole, opened (under ``_lock``).
+
+        Raises:
+            ValueError: it does not hold ``num_rows`` rows (delete it).
+        """
+        options = SourceOptions(io="auto", columns=self.source.columns)  # a local copy
+        local = LanceSource(os.fspath(self.path), options)
+        if local.num_rows != self.source.num_rows:
+            raise ValueError(
+                f"the disk cache {str(self.path)!r} holds {local.num_rows} rows, but "
+                f"{self.source.uri!r} version {self.source.version} has "
+                f"{self.source.num_rows}; delete the copy to rebuild it"
+            )
+        return local
 
     def _copy(self, stopping: threading.Event | None) -> None:
         """Under the copy's lock: remove what killed fills left, keep a copy another process

@@ -36,6 +36,7 @@ __all__ = [
     "check_coalesce",
     "coalesce_size",
     "groups",
+    "share_size",
     "split",
 ]
 
@@ -86,6 +87,13 @@ def coalesce_size(
             f"slots. Raise readahead or lower coalesce"
         )
     return coalesce  # type: ignore[return-value]
+
+
+def share_size(size: int, share: int, max_in_flight: int) -> int:
+    """``size`` batches a take, at most ``ceil(share / (2 * max_in_flight))`` (at least 1) for a
+    worker reading ``share`` batches: a small epoch's takes (and their transforms) still run
+    ``max_in_flight`` at a time."""
+    return min(size, max(math.ceil(share / (2 * max_in_flight)), 1))
 
 
 @dataclass(frozen=True)

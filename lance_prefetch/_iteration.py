@@ -22,7 +22,7 @@ from typing import Any
 
 from ._audit import EpochAudit
 from ._blocking import BlockingPrefetcher
-from ._coalesce import Group, groups, split
+from ._coalesce import Group, groups, share_size, split
 from ._config import LoaderConfig, Resolved
 from ._device import DeviceFeed, Placement
 from ._direct import DirectPrefetcher
@@ -385,10 +385,8 @@ def start_iteration(
                                            process=reader.convert, readahead=int(readahead),
                                            max_in_flight=int(max_in_flight))  # fmt: skip
     else:
-        # ramped up to at most 1/(2 max_in_flight) of the share: a small epoch's takes (and their
-        # transforms) still run max_in_flight at a time
         share = (plan.num_batches if rank is None else plan.batches_of(rank)) // num_workers
-        size = min(resolved.coalesce, max(-(-share // (2 * int(max_in_flight))), 1))
+        size = share_size(resolved.coalesce, share, int(max_in_flight))
         prefetcher = Prefetcher(groups(batches, size, ramp=True), reader.read,
                                 process=reader.convert, readahead=int(readahead),
                                 max_in_flight=int(max_in_flight), retry=config.retry,

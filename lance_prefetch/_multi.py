@@ -82,12 +82,8 @@ class ConcatSource:
         datasets' caches hold now (a dataset without a cache holds none)."""
         if all(s.cached is None for s in self.sources):
             return None
-        indices = np.asarray(indices, dtype=np.int64)
-        which = np.searchsorted(self.starts, indices, side="right") - 1
-        held = 0
-        for i in np.unique(which):
-            held += self.sources[i].cached_rows(indices[which == i] - self.starts[i]) or 0
-        return held
+        _, parts = self._split(indices)
+        return sum(self.sources[i].cached_rows(rows) or 0 for i, rows in parts)
 
     def datasets(self) -> list[dict[str, Any]]:
         """Each dataset's ``{"uri", "version", "num_rows"}``, in order (what a state records)."""
@@ -105,19 +101,24 @@ class ConcatSource:
 
     def read(self, indices: np.ndarray) -> pa.Table:
         """:meth:`take` without the check (positions known to be in range)."""
-        indices = np.asarray(indices, dtype=np.int64)
-        which = np.searchsorted(self.starts, indices, side="right") - 1
-        order = np.argsort(which, kind="stable")
+        which, parts = self._split(indices)
         tables = []
-        for i in np.unique(which):
-            rows = indices[which == i] - self.starts[i]
+        for i, rows in parts:
             table = self.sources[i].take(rows)
             tables.append(table if table.schema.equals(self.schema) else table.cast(self.schema))
         if len(tables) == 1:
             return tables[0]
+        order = np.argsort(which, kind="stable")
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         return pa.concat_tables(tables).take(pa.array(inverse))
+
+    def _split(self, indices: np.ndarray) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+        """The dataset of each of global positions ``indices``, and ``(i, rows)`` for each
+        dataset ``i`` holding some of them, in dataset order (its rows, in their order)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        which = np.searchsorted(self.starts, indices, side="right") - 1
+        return which, [(int(i), indices[which == i] - self.starts[i]) for i in np.unique(which)]
 
     def check_offsets(self, indices: np.ndarray) -> None:
         """Refuse positions outside ``[0, num_rows)`` before any read (``IndexError``)."""

@@ -21,6 +21,7 @@ from lance_prefetch._coalesce import (
     Group,
     coalesce_size,
     groups,
+    share_size,
     split,
 )
 from lance_prefetch._config import LoaderConfig
@@ -97,6 +98,11 @@ def test_groups_and_split_give_back_each_batch_exactly():
     single = next(groups(iter(batches[:1]), 1))
     assert single.indices is batches[0].indices  # one batch: no copy
     assert repr(made[2]) == "Group(positions=[6, 7], rows=5)"
+
+
+def test_a_small_share_caps_the_batches_a_take():
+    assert [share_size(64, share, 4) for share in (0, 1, 8, 9, 100, 10_000)] == [1, 1, 1, 2, 13, 64]
+    assert share_size(3, 11, 1) == 3 and share_size(7, 11, 1) == 6
 
 
 def test_ramped_groups_hold_1_2_4_batches_up_to_the_size():
