@@ -265,7 +265,8 @@ class DiskCache(FillingCache):
 
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them: from the
-        local copy once it is open, from the dataset while the fill runs (or before it started).
+        local copy once it is open, from the dataset while the fill runs (or before it started);
+        a read of the dataset that fails after the copy opened meanwhile reads the copy instead.
 
         Raises:
             IndexError: as :meth:`LanceSource.take`.
@@ -280,7 +281,12 @@ class DiskCache(FillingCache):
             error = self._filling.error
             if error is not None:
                 raise error
-            return self.source.take(indices)
+            try:
+                return self.source.take(indices)
+            except Exception:
+                local = self._local  # opened while the dataset was read (its files may be gone)
+                if local is None:
+                    raise
         try:
             return local.take(indices)
         except Exception as exc:

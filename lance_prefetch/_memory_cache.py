@@ -137,7 +137,8 @@ class MemoryCache(FillingCache):
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them (same
         checks and errors): from memory once the fill ended, else the landed rows from memory
-        and the others by one ``take`` of the dataset.
+        and the others by one ``take`` of the dataset (if that fails after the fill ended
+        meanwhile, from memory).
 
         Raises:
             MemoryError, Exception: the fill failed (its error; every later read raises it too).
@@ -149,10 +150,19 @@ class MemoryCache(FillingCache):
         error = self._filling.error
         if error is not None:
             raise error
+        try:
+            return self._take_while_filling(np.asarray(indices))
+        except Exception:
+            table = self._table  # filled while the dataset was read (its files may be gone)
+            if table is None:
+                raise
+            return table.take(pa.array(indices))
+
+    def _take_while_filling(self, indices: np.ndarray) -> pa.Table:
+        """:meth:`take` before the fill ended: the landed rows from memory, the others read."""
         with self._lock:
             batches, ends = list(self._batches), self._ends
         landed = int(ends[-1]) if len(ends) else 0
-        indices = np.asarray(indices)
         here = indices < landed
         if not here.any():
             return self.source.take(indices)

@@ -389,3 +389,26 @@ def test_the_cache_dir_variable_is_checked_as_cache_dir_is_and_expands_the_home(
     assert PrefetchLoader(ids_25, 5, cache="disk")._source.cache_dir == tmp_path / "variable"
     given = PrefetchLoader(ids_25, 5, cache="disk", cache_dir="~/given")
     assert given._source.cache_dir == tmp_path / "given"
+
+
+@pytest.mark.parametrize("cache", ["memory", "disk"])
+def test_a_dataset_read_failing_after_the_cache_filled_meanwhile_is_served_by_the_cache(
+    ids_1003, tmp_path, monkeypatch, cache
+):
+    """A take that began before the fill ended reads the dataset; the fill ends while it reads,
+    then the dataset's files are gone (its take fails): the rows come from the cache."""
+    options = {"cache_dir": tmp_path / "c"} if cache == "disk" else {}
+    source = PrefetchLoader(ids_1003, 10, cache=cache, **options)._source
+    original = LanceSource.take
+
+    def take(self, indices):
+        if self.uri != ids_1003:  # the disk copy
+            return original(self, indices)
+        source.fill()
+        raise FileNotFoundError("the dataset's files are gone")
+
+    monkeypatch.setattr(LanceSource, "take", take)
+    assert source.take(np.array([5, 1, 900]))["id"].to_pylist() == [5, 1, 900]
+    uncached = PrefetchLoader(ids_1003, 10)._source
+    with pytest.raises(FileNotFoundError, match="files are gone"):
+        uncached.take(np.array([5]))  # no cache: the error as it is
