@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from support.helpers import expected_rank_ids
+from support.helpers import expected_rank_ids, wait_until
 
 from lance_prefetch import PrefetchLoader
 from lance_prefetch._source import LanceSource
@@ -31,11 +32,20 @@ KIB, MIB = 2**10, 2**20
 # -- the plan: the permutation plus a constant --------------------------------------------------
 
 
+def reads_left_by_earlier_tests() -> list[threading.Thread]:
+    """Threads of earlier tests' reads still running in this test process (an abandoned read
+    ends on its own; its Python allocations would be traced too)."""
+    ours = ("lance-prefetch", "AnyIO worker thread")
+    return [t for t in threading.enumerate() if t.name.startswith(ours) and t.is_alive()]
+
+
 def plan_allocations(num_rows: int, **plan: int | bool) -> tuple[int, int, EpochPlan, int]:
     """(peak, still allocated, the plan, rows planned) traced while building the EpochPlan of
     ``num_rows`` rows and iterating every batch of rank 1 (the last worker when given
     ``num_workers``)."""
     num_workers = int(plan.pop("num_workers", 1))
+    gc.collect()  # iterators dropped by earlier tests close now
+    assert wait_until(lambda: not reads_left_by_earlier_tests(), timeout=30)
     tracemalloc.start()
     try:
         epoch_plan = EpochPlan(num_rows=num_rows, batch_size=1024, seed=1, epoch=2, **plan)
