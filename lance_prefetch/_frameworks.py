@@ -14,14 +14,31 @@ assume a dataset that does not shard itself:
 
 :func:`reads_every_rank` finds which of them (if any) wraps the loader, from the call stack of
 the loader's ``__len__`` and ``__iter__`` (both reached from Accelerate's own calls), and acts.
+
+Some wrappers pull batches before the training step asks for them: Accelerate's
+``DataLoaderShard`` one batch (to know the last one), its ``DataLoaderDispatcher`` one round of
+``num_processes`` batches, Ray Train's ``prepare_data_loader`` wrapper one batch (to move it to
+the device early). A checkpoint must record what the step consumed, not what the loader handed
+out, so :func:`find_read_ahead` recognises these wrappers among the callers of an iteration's
+first ``next()`` and returns a :class:`ReadAhead` that tells, when a state is saved, how many of
+the batches the loader delivered the wrapper still holds.
 """
 
 from __future__ import annotations
 
+import math
 import sys
+from collections.abc import Iterator
 from typing import Any, Literal
 
-__all__ = ["accelerate_caller", "pass_through", "reads_every_rank"]
+__all__ = [
+    "ReadAhead",
+    "accelerate_caller",
+    "dispatcher_of",
+    "find_read_ahead",
+    "pass_through",
+    "reads_every_rank",
+]
 
 #: Frames looked through for Accelerate's wrapper (DataLoader and its iterator sit between).
 _DEPTH = 40
@@ -35,18 +52,27 @@ def accelerate_caller(dataset: Any) -> tuple[Literal["dispatcher", "shard"], Any
     module = sys.modules.get("accelerate.data_loader")
     if module is None:
         return None
-    kinds = (("dispatcher", getattr(module, "DataLoaderDispatcher", None)),
-             ("shard", getattr(module, "IterableDatasetShard", None)))  # fmt: skip
-    frame = sys._getframe(1)
-    for _ in range(_DEPTH):
-        if frame is None:
-            return None
-        caller = frame.f_locals.get("self")
+    kinds = (
+        ("dispatcher", getattr(module, "DataLoaderDispatcher", None)),
+        ("shard", getattr(module, "IterableDatasetShard", None)),
+    )
+    for caller, _ in _callers(2):
         for kind, cls in kinds:  # Accelerate's own classes only: no other object is asked
             if cls is not None and isinstance(caller, cls) and caller.dataset is dataset:
                 return kind, caller  # type: ignore[return-value]
-        frame = frame.f_back
     return None
+
+
+def _callers(skip: int) -> Iterator[tuple[Any, str]]:
+    """``(self, function name)`` of the calling frames, nearest first, at most :data:`_DEPTH`
+    of them, ``skip`` frames up from this function's caller (``self`` is ``None`` in a plain
+    function)."""
+    frame = sys._getframe(skip)
+    for _ in range(_DEPTH):
+        if frame is None:
+            return
+        yield frame.f_locals.get("self"), frame.f_code.co_name
+        frame = frame.f_back
 
 
 def pass_through(shard: Any) -> None:
@@ -63,3 +89,109 @@ def reads_every_rank(dataset: Any) -> bool:
     if caller is not None and caller[0] == "shard":
         pass_through(caller[1])
     return caller is not None and caller[0] == "dispatcher"
+
+
+class ReadAhead:
+    """A framework wrapper between the loader and the training step that pulls batches ahead.
+
+    Attributes:
+        name (str): the wrapper, in words, for messages.
+    """
+
+    name = "a wrapper"
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+
+    def held(self, delivered: int) -> int:
+        """Of the ``delivered`` batches the loader handed to the wrapper in this iteration, how
+        many it holds that the training step has not consumed yet (``0 <= held <= delivered``)."""
+        raise NotImplementedError
+
+    def snapshot(self) -> bool:
+        """Whether the wrapper itself is asking for the state now (Accelerate snapshots the
+        state, through a StatefulDataLoader, in ``_update_state_dict``, before it pulls)."""
+        return any(
+            caller is self.wrapper and name == "_update_state_dict" for caller, name in _callers(2)
+        )
+
+
+class _RayWrapper(ReadAhead):
+    """``ray.train.torch.prepare_data_loader``'s ``_WrappedDataLoader``: each ``next()`` returns
+    the batch it pulled before and pulls the next one (``next_batch``), so between steps it holds
+    one batch, none once the loader is exhausted."""
+
+    name = "Ray Train's prepare_data_loader wrapper"
+
+    def held(self, delivered: int) -> int:
+        return min(delivered, 0 if self.wrapper.next_batch is None else 1)
+
+
+class _AccelerateShard(ReadAhead):
+    """Accelerate's ``DataLoaderShard``: it yields a batch after pulling the next one (to know the
+    last), so between steps it holds one batch; none once it flagged the end. Its own snapshot
+    (``_update_state_dict``) is taken before that pull: then it holds none."""
+
+    name = "Accelerate's DataLoaderShard"
+
+    def held(self, delivered: int) -> int:
+        if self.wrapper.end_of_dataloader or self.snapshot():
+            return 0
+        return min(delivered, 1)
+
+
+class _AccelerateDispatcher(ReadAhead):
+    """Accelerate's ``DataLoaderDispatcher``: the main process pulls a round (``num_processes``
+    batches, one with ``split_batches``) per step and the next round before it yields, so between
+    steps it holds the last round pulled (maybe short at the epoch's end); none once it flagged the
+    end. Its own snapshot, taken before each pull of the next round, is kept for the step after
+    the one being yielded: it then counts the whole rounds before the one being pulled."""
+
+    name = "Accelerate's DataLoaderDispatcher"
+
+    def held(self, delivered: int) -> int:
+        dispatcher = self.wrapper
+        if dispatcher.end_of_dataloader or delivered == 0:
+            return 0
+        size = 1 if dispatcher.split_batches else dispatcher.state.num_processes
+        if self.snapshot():
+            return delivered % size
+        return delivered - size * (math.ceil(delivered / size) - 1)
+
+
+def find_read_ahead(dataset: Any) -> ReadAhead | None:
+    """The known wrapper that reads ``dataset`` ahead of the training step, among the callers of
+    the current call (an iteration's first ``next()``), or ``None`` (a plain loop, a DataLoader
+    without workers, Lightning's fetcher for a sized loader: none of them pulls ahead)."""
+    accelerate = sys.modules.get("accelerate.data_loader")
+    ray = sys.modules.get("ray.train.torch.train_loop_utils")
+    kinds = [
+        (getattr(ray, "_WrappedDataLoader", None), _RayWrapper),
+        (getattr(accelerate, "DataLoaderShard", None), _AccelerateShard),
+        (getattr(accelerate, "DataLoaderDispatcher", None), _AccelerateDispatcher),
+    ]
+    kinds = [(cls, kind) for cls, kind in kinds if cls is not None]
+    if not kinds:
+        return None
+    for caller, _ in _callers(2):
+        for cls, kind in kinds:
+            if isinstance(caller, cls) and _reads(caller, dataset):
+                return kind(caller)
+    return None
+
+
+def _reads(wrapper: Any, dataset: Any) -> bool:
+    """Whether ``wrapper`` (a DataLoader-like wrapper) iterates ``dataset``: its DataLoader's
+    dataset is ``dataset``, or an ``IterableDatasetShard`` over it."""
+    inner = getattr(wrapper, "_dataloader", None) or getattr(wrapper, "base_dataloader", None)
+    held = getattr(inner, "dataset", None)
+    return held is dataset or getattr(held, "dataset", None) is dataset
+
+
+def dispatcher_of(dataset: Any) -> ReadAhead | None:
+    """Accelerate's ``DataLoaderDispatcher`` over ``dataset`` among the callers of the current
+    call (the loader's ``__iter__``), as a :class:`ReadAhead`, or ``None``."""
+    caller = accelerate_caller(dataset)
+    if caller is None or caller[0] != "dispatcher":
+        return None
+    return _AccelerateDispatcher(caller[1])

@@ -20,7 +20,7 @@ from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, HedgePolicy, Loade
 from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade, loader_identity, loader_repr
-from ._frameworks import reads_every_rank
+from ._frameworks import ReadAhead, dispatcher_of, find_read_ahead, reads_every_rank
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._multi import epoch_view, naming_rows, open_sources
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
@@ -193,6 +193,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
         self._counter: DeliveryCounter | None = None  # ... and how far it got
+        self._ahead: ReadAhead | None = None  # ... and the wrapper that reads it ahead, if any
+        # ... or, in a process of Accelerate's dispatcher that does not read, that dispatcher
+        self._follower: ReadAhead | None = None
         self._audit: EpochAudit | None = None  # ... and its coverage audit
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
@@ -293,25 +296,103 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         return plan.batches_of(rank)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the training loop is: a small JSON-serializable dict (:mod:`lance_prefetch.state`)
-        whose ``position`` counts the epoch's global batches **delivered to the training loop**.
-        The same on every rank; after :meth:`set_epoch` or :meth:`load_state_dict`, what the next
-        iteration reads.
+        """Where the training step is: a small JSON-serializable dict (:mod:`lance_prefetch.state`)
+        from which :meth:`load_state_dict` continues exactly where the step stopped. Its
+        ``position`` counts the epoch's global batches **the training step consumed**: those
+        handed out, less those a framework wrapper pulled ahead of the step (Accelerate's
+        ``DataLoaderShard`` and ``DataLoaderDispatcher``, Ray Train's ``prepare_data_loader``;
+        see ``docs/frameworks.md``). The same on every rank. During an iteration it describes
+        that iteration (a :meth:`set_epoch` meanwhile applies to the next one); between
+        iterations, what the next one reads: the epoch :meth:`set_epoch` or
+        :meth:`load_state_dict` selected, the next epoch after one read to its end or broken off
+        (``break``, :meth:`close`), as a new ``iter()`` would.
+
+        For a loop that pulls batches ahead in a way the loader cannot see, save
+        :meth:`state_after` with the loop's own count instead.
 
         Raises:
             RuntimeError: the current iteration runs in DataLoader worker processes (use
-                torchdata's ``StatefulDataLoader``, or save between epochs).
+                torchdata's ``StatefulDataLoader``, or :meth:`state_after`); or this is a
+                process of Accelerate's ``DataLoaderDispatcher`` other than the main one, which
+                reads nothing (take the main process's state, or :meth:`state_after`).
         """
-        counter = self._counter
+        counter, follower = self._counter, self._follower
+        if follower is not None and counter is None:
+            return self._followed(follower)
+        live = any(it.started and not it.closed for it in self._iterators)
+        ahead = self._ahead
+        held = 0 if ahead is None or counter is None else ahead.held(counter.delivered)
         epoch, position, worker = saved_position(
             pending=self._control.pending(),
             counter=counter,
             in_worker=get_worker_info() is not None,
             decided=counter is not None and self._control.decided_by(counter.ident),
-            end=end_position(self.num_rows, self.batch_size, drop_last=self.drop_last),
+            end=self._end(),
+            live=live,
+            held=held,
         )
-        return make_state(**loader_identity(self), world_size=self.world_size, epoch=epoch,
-                          position=position, worker=worker)  # fmt: skip
+        return self._state(epoch, position, worker)
+
+    def _followed(self, dispatcher: ReadAhead) -> dict[str, Any]:
+        """The state in a process of Accelerate's dispatcher that reads nothing: Accelerate's own
+        snapshot at the epoch's end is the end; anything else cannot be known here."""
+        if dispatcher.wrapper.end_of_dataloader:  # the epoch is over
+            return self._state(self.epoch, self._end(), None)
+        if not dispatcher.snapshot():
+            raise RuntimeError(
+                "under Accelerate's DataLoaderDispatcher only the main process reads this "
+                "loader, so this process cannot tell how far the epoch got; save the main "
+                "process's loader.state_dict() (accelerator.is_main_process) and load it on "
+                "every process, or save loader.state_after(steps) with the loop's own count"
+            )
+        # Accelerate snapshots every process's state; only the main process's resumes
+        pending = self._control.pending()
+        epoch, start = pending if pending is not None else (self.epoch, 0)
+        return self._state(epoch, min(start, self._end()), None)
+
+    def state_after(self, batches: int, *, epoch: int | None = None) -> dict[str, Any]:
+        """The state after this rank's training loop consumed its first ``batches`` batches of
+        ``epoch``, counted by the loop itself (a step counter within the epoch, from the epoch's
+        first batch, also across a resume): the framework-neutral form of :meth:`state_dict`
+        for any loop that pulls batches ahead of its step in a way the loader cannot see (a
+        prefetching wrapper, DataLoader workers). Under Accelerate's ``DataLoaderDispatcher`` a
+        step is one batch on every process, so ``batches`` is the step count there too.
+
+        Args:
+            batches (int): batches consumed, ``0 <= batches <= len(loader)``; ``len(loader)``:
+                the epoch is over (the state resumes at the next epoch).
+            epoch (int, optional): the epoch they belong to. Default: the epoch of the live or
+                latest iteration in this process, else :attr:`epoch`.
+
+        Raises:
+            TypeError, ValueError: ``batches`` or ``epoch`` out of range.
+        """
+        if epoch is None:
+            epoch = self._counter.decision.epoch if self._counter is not None else self.epoch
+        epoch = check_int("epoch", epoch, minimum=0)
+        per_rank = len(self)
+        if self._every_rank or reads_every_rank(self):  # len() counted every rank's batches
+            per_rank = self._plan(epoch, 0, self.world_size).batches_of(0)
+        batches = check_int("batches", batches, minimum=0)
+        if batches > per_rank:
+            raise ValueError(
+                f"batches should be at most {per_rank}, the batches of an epoch on this rank, "
+                f"but got batches={batches}; count the batches of the current epoch only"
+            )
+        position = batches * self.world_size
+        return self._state(epoch, self._end() if batches == per_rank else position, None)
+
+    def _state(self, epoch: int, position: int, worker: dict[str, int] | None) -> dict[str, Any]:
+        return make_state(
+            **loader_identity(self),
+            world_size=self.world_size,
+            epoch=epoch,
+            position=position,
+            worker=worker,
+        )
+
+    def _end(self) -> int:
+        return end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
 
     def load_state_dict(
         self, state: Mapping[str, Any], *, allow_version_change: bool = False
@@ -373,6 +454,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
         ident = self._control.identify(worker)  # at iter(): the workers' counts stay in step
         every_rank = self._every_rank or reads_every_rank(self)
+        # under Accelerate's dispatcher a process other than the main one reads nothing
+        follows = every_rank and worker is None and self._current_ranks()[0] != 0
+        self._follower = dispatcher_of(self) if follows else None
         iteration = LazyIteration(functools.partial(self._begin, worker, ident, every_rank))
         self._iterators.add(iteration)
         if worker is not None:
@@ -392,6 +476,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         exchange = choose_exchange(self.config, share, world_size, in_worker=worker is not None)
         end = end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
         decision = self._control.begin(ident, forced=forced, end=end)
+        # a framework wrapper among the callers of this first next() that reads ahead of the step
+        self._ahead = find_read_ahead(self) if worker is None else None
         self._counter = counter = DeliveryCounter(
             ident, decision, world_size=1 if every_rank else world_size, worker_id=worker_id,
             num_workers=num_workers, skip=skip)  # fmt: skip
@@ -439,12 +525,14 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             self._current_ranks()  # DataLoader workers read the ranks this process has now
             state["_every_rank"] = self._every_rank or reads_every_rank(self)
         del state["_iterators"], state["_counter"], state["_telemetry"], state["_audit"]
+        del state["_ahead"], state["_follower"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._iterators = weakref.WeakSet()
         self._counter = self._telemetry = self._audit = None  # this process's own
+        self._ahead = self._follower = None
 
     def __repr__(self) -> str:
         return loader_repr(self)

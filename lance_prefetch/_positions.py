@@ -88,9 +88,13 @@ class DeliveryCounter:
     @property
     def position(self) -> int:
         """Global batches of the epoch delivered before this worker's next batch."""
-        if self.delivered == 0:
+        return self.position_after(self.delivered)
+
+    def position_after(self, delivered: int) -> int:
+        """The position after this iteration's first ``delivered`` batches (``<= delivered``)."""
+        if delivered == 0:
             return self.decision.start + self.skip * self.world_size
-        last = self.first + (self.delivered - 1) * self.num_workers
+        last = self.first + (delivered - 1) * self.num_workers
         return self.decision.start + (last + 1) * self.world_size
 
 
@@ -101,20 +105,33 @@ def saved_position(
     in_worker: bool,
     decided: bool,
     end: int,
+    live: bool = False,
+    held: int = 0,
 ) -> tuple[int, int, dict[str, int] | None]:
-    """``(epoch, position, worker)`` for a checkpoint: what the next iteration reads if it was
-    selected (``pending``), else how far the latest iteration in this process got (``counter``,
-    whose decision is the latest one when ``decided``). Outside a worker a finished epoch (an
-    exhausted iteration, or a position at ``end``) is saved at ``end`` (:func:`end_position`);
-    inside one, ``worker`` describes its share.
+    """``(epoch, position, worker)`` for a checkpoint: what resuming should continue.
+
+    In order:
+
+    1. A ``live`` iteration in this process (begun, not closed; its decision the latest when
+       ``decided``): its epoch after the batches the training step consumed, i.e. those
+       delivered but the ``held`` ones a framework wrapper pulled ahead. A ``set_epoch`` called
+       meanwhile applies to the next iteration, not to this state.
+    2. Outside a worker, what the next iteration reads if it was selected (``pending``:
+       ``set_epoch`` or ``load_state_dict`` since the latest iteration began).
+    3. Outside a worker, an iteration closed before its end (``break``, ``close()``): the next
+       iteration reads the next epoch from its start, and so does a resumed run.
+    4. Otherwise the latest iteration's position (``counter``). Outside a worker a finished
+       epoch (an exhausted iteration, or a position at ``end``) is saved at ``end``
+       (:func:`end_position`); inside one, ``worker`` describes its share.
 
     Raises:
         RuntimeError: the latest iteration runs in DataLoader worker processes (or ran in the
             loader this copy was pickled from), so this process cannot know the position.
     """
-    if pending is not None and not in_worker:
+    ours = counter is not None and (in_worker or decided)
+    if pending is not None and not in_worker and not (live and ours):
         return pending.epoch, min(pending.start, end), None
-    if counter is None or not (in_worker or decided):
+    if counter is None or not ours:
         raise RuntimeError(
             "this loader's latest iteration ran elsewhere (in DataLoader worker processes, or "
             "in the loader this copy was pickled from), so this process cannot tell how many "
@@ -122,15 +139,21 @@ def saved_position(
             "StatefulDataLoader and its state_dict(); otherwise take state_dict() from the "
             "loader that iterated, or call it between epochs after set_epoch()"
         )
-    epoch, position = counter.decision.epoch, counter.position
-    if not in_worker:  # a rank's share can end before the epoch's last batch (shuffle=False)
-        return epoch, end if counter.finished else min(position, end), None
+    epoch = counter.decision.epoch
+    consumed = counter.delivered - held
+    if not in_worker:
+        if counter.finished and held == 0:
+            return epoch, end, None
+        if not live and not counter.finished:  # broken off: rule 3 reads the next epoch
+            return epoch + 1, 0, None
+        # a rank's share can end before the epoch's last batch (shuffle=False)
+        return epoch, min(counter.position_after(consumed), end), None
     worker = {
         "id": counter.worker_id,
         "num_workers": counter.num_workers,
         "start": counter.decision.start,
     }
-    return epoch, position, worker
+    return epoch, counter.position_after(consumed), worker
 
 
 class Resume(NamedTuple):

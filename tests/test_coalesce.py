@@ -278,12 +278,14 @@ def test_a_failed_coalesced_take_names_its_batches_after_the_ones_before(ids_100
     iterator = iter(loader)
     received = [next(iterator)["id"].tolist() for _ in range(3)]
     assert received == expected_rank_ids(loader)[:3]
+    assert loader.state_dict()["position"] == 3  # a checkpoint now resumes at batch 3
     with pytest.raises(BatchLoadError) as info:
         next(iterator)
     assert (info.value.position, info.value.num_rows, info.value.attempts) == (3, 30, 1)
     assert str(info.value).startswith("batches 3-5 (one coalesced take) of epoch 0 (30 rows) from ")
     assert isinstance(info.value.__cause__, OSError)
-    assert loader.state_dict()["position"] == 3  # resuming reads batch 3 again
+    # the failed iteration is over: the state is what this loader reads next
+    assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (1, 0)
     assert wait_until(lambda: not loop_threads(), timeout=2.0)
 
 
@@ -301,12 +303,12 @@ def test_a_failed_conversion_in_a_group_comes_after_the_batches_before_it(ids_10
     loader = PrefetchLoader(ids_1003, 10, coalesce=3, transform=transform)
     iterator = iter(loader)
     assert [next(iterator)["id"].tolist() for _ in range(4)] == plan_ids[:4]
+    assert loader.state_dict()["position"] == 4
     with pytest.raises(BatchLoadError) as info:
         next(iterator)
     assert (info.value.position, info.value.num_rows) == (4, 10)
     assert str(info.value).startswith("batch 4 of epoch 0 (10 rows)")
     assert isinstance(info.value.__cause__, ValueError)
-    assert loader.state_dict()["position"] == 4
     with pytest.raises(StopIteration):
         next(iterator)
 

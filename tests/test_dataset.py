@@ -480,7 +480,7 @@ def test_the_sequential_mode_reads_every_row_once_across_ranks_and_workers(ids_1
 def test_a_rank_with_one_batch_fewer_saves_a_finished_epoch(ids_25):
     """shuffle=False, 25 rows, batch 5, 3 ranks: rank 2 has 1 batch, ranks 0 and 1 have 2. Each
     rank that read its whole share saves the epoch's end (the same state on every rank), so a
-    resume reads the next epoch; a share closed early saves where it stopped."""
+    resume reads the next epoch; a live share saves where it is."""
     states = []
     for rank in range(3):
         loader = PrefetchLoader(ids_25, 5, columns=["id"], shuffle=False, rank=rank, world_size=3)
@@ -493,7 +493,7 @@ def test_a_rank_with_one_batch_fewer_saves_a_finished_epoch(ids_25):
     early = PrefetchLoader(ids_25, 5, columns=["id"], shuffle=False, rank=0, world_size=3)
     iterator = iter(early)
     next(iterator)
+    assert early.state_dict()["position"] == 3  # after global batch 0 (rank 0's first)
     iterator.close()
     with pytest.raises(StopIteration):
         next(iterator)
-    assert early.state_dict()["position"] == 3  # after global batch 0 (rank 0's first)

@@ -72,11 +72,12 @@ def test_position_counts_batches_delivered_not_read_ahead(ids_1003, permutation_
         # the rest of the take being consumed plus whole takes: at least 8 - k + 1
         least = loader.readahead - loader.coalesce + 1
         assert wait_until(lambda: iterator.statistics().held >= least)
-        assert loader.state_dict()["position"] == 5
+        state = loader.state_dict()
+        assert state["position"] == 5
     finally:
         iterator.close()
     resumed = PrefetchLoader(ids_1003, 10, columns=["id"])
-    resumed.load_state_dict(loader.state_dict())
+    resumed.load_state_dict(state)
     assert collect(resumed) == uninterrupted(ids_1003, 0)[5:]
 
 
