@@ -23,7 +23,14 @@ from ._facade import SourceFacade, loader_identity, loader_repr
 from ._frameworks import ReadAhead, dispatcher_of, find_read_ahead, reads_every_rank
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._multi import epoch_view, naming_rows, open_sources
-from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
+from ._positions import (
+    Decision,
+    DeliveryCounter,
+    consumed_position,
+    end_position,
+    plan_resume,
+    saved_position,
+)
 from ._ranks import Ranks
 from ._shutdown import close_all
 from ._subset import subset_of
@@ -374,13 +381,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         if self._every_rank or reads_every_rank(self):  # len() counted every rank's batches
             per_rank = self._plan(epoch, 0, self.world_size).batches_of(0)
         batches = check_int("batches", batches, minimum=0)
-        if batches > per_rank:
-            raise ValueError(
-                f"batches should be at most {per_rank}, the batches of an epoch on this rank, "
-                f"but got batches={batches}; count the batches of the current epoch only"
-            )
-        position = batches * self.world_size
-        return self._state(epoch, self._end() if batches == per_rank else position, None)
+        position = consumed_position(batches, per_rank, self.world_size, self._end())
+        return self._state(epoch, position, None)
 
     def _state(self, epoch: int, position: int, worker: dict[str, int] | None) -> dict[str, Any]:
         return make_state(
