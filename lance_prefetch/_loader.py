@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._audit import EpochAudit, choose_exchange, open_audit
+from ._audit import AuditMemory, EpochAudit, choose_exchange, open_audit
 from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, HedgePolicy, LoaderConfig
 from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
@@ -204,6 +204,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         # ... or, in a process of Accelerate's dispatcher that does not read, that dispatcher
         self._follower: ReadAhead | None = None
         self._audit: EpochAudit | None = None  # ... and its coverage audit
+        self._audit_memory = AuditMemory()  # the audit's record of a loaded state (resumes)
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
         self._every_rank = False  # a DataLoader worker of Accelerate's dispatcher reads all
@@ -385,13 +386,15 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         return self._state(epoch, position, None)
 
     def _state(self, epoch: int, position: int, worker: dict[str, int] | None) -> dict[str, Any]:
-        return make_state(
+        state = make_state(
             **loader_identity(self),
             world_size=self.world_size,
             epoch=epoch,
             position=position,
             worker=worker,
         )
+        # audit=True: the record of the batches consumed before the position (state.py)
+        return self._audit_memory.stamp(state, self._audit) if self.config.audit else state
 
     def _end(self) -> int:
         return end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
@@ -425,6 +428,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         worker = get_worker_info()
         here = None if worker is None else (worker.id, worker.num_workers)
         resume = plan_resume(state, here=here, world_size=self.world_size)
+        self._audit_memory.load(state, resume.decision)  # state["audit"]: audit a whole epoch
         if resume.in_worker:
             self._worker_resume = (resume.decision, resume.skip)
         else:
@@ -486,7 +490,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
         plan = self._plan(decision.epoch, decision.start, world_size)
         self._audit = audit = open_audit(exchange, plan, share, self.config.audit_dir,
-                                         identity=loader_identity(self))  # fmt: skip
+                                         identity=loader_identity(self),
+                                         memory=self._audit_memory, ident=ident)  # fmt: skip
         return start_iteration(
             epoch_view(self._source, decision.epoch), plan, counter, self._telemetry, rank=None if every_rank else rank,
             config=self.config, resolved=self._resolved, audit=audit,
