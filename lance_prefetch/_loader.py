@@ -20,7 +20,14 @@ from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, HedgePolicy, Loade
 from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade, loader_identity, loader_repr
-from ._frameworks import ReadAhead, dispatcher_of, find_read_ahead, reads_every_rank
+from ._frameworks import (
+    EpochSetter,
+    ReadAhead,
+    dispatcher_of,
+    find_read_ahead,
+    reads_every_rank,
+    warn_unset_epochs,
+)
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._multi import epoch_view, naming_rows, open_sources
 from ._positions import (
@@ -281,6 +288,19 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             raise ValueError(f"epoch should be <= 2**62, but got epoch={epoch}")
         self._control.set_epoch(epoch)
 
+    @property
+    def sampler(self) -> EpochSetter:
+        """Not a sampler: an :class:`~lance_prefetch._frameworks.EpochSetter` whose only method,
+        ``set_epoch(epoch)``, calls :meth:`set_epoch`. It exists for PyTorch Lightning, which calls
+        ``set_epoch`` on the ``sampler`` of every train iterable as each training epoch starts
+        (after loading a checkpoint's state, before the first batch): a loader returned from
+        ``train_dataloader`` reads epoch ``k``'s permutation in epoch ``k``, also in a run resumed
+        from an end-of-epoch checkpoint. A DataLoader over the loader has its own ``sampler``."""
+        return EpochSetter(self)
+
+    #: ``None``, as a ``DataLoader(batch_size=None)``'s: the loader makes its own batches.
+    batch_sampler = None
+
     def epoch_plan(self, epoch: int | None = None, *, start: int = 0) -> EpochPlan:
         """The :class:`~lance_prefetch.sampling.EpochPlan` of ``epoch`` (default: :attr:`epoch`)
         from global position ``start`` (default: the epoch's beginning)."""
@@ -297,6 +317,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank, but with
         ``shuffle=False`` and ``drop_last=False``, where a rank may have one fewer)."""
+        warn_unset_epochs(self)  # if Lightning trains on it out of reach, no LoaderEpochs
         rank, world_size = self._current_ranks()
         plan = self._plan(self.epoch, 0, world_size)
         if self._every_rank or reads_every_rank(self):
