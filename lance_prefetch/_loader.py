@@ -64,7 +64,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             their concatenation, one permutation over all rows (``docs/datasets.md``).
         batch_size (int): rows per batch, ``>= 1``.
         columns (Sequence[str], optional): columns (or ``"a.b"`` struct fields). Default: all.
-        seed (int, optional): base seed, ``>= 0``, the same on every rank. Default: ``0``.
+        seed (int, optional): base seed in ``[0, 2**64)``, the same on every rank. Default: ``0``.
         readahead (int | str, optional): the most batches held (being read or read, not yet
             handed out), ``>= 1``; ``"auto"``: tuned from the measured wait and rows/s within
             ``max_buffer_bytes``. Default: ``"auto"``.

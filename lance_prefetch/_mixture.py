@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._seeds import MIXTURE_STREAM, seed_sequence
+
 __all__ = ["dataset_seed", "epoch_length", "mixture_counts"]
 
 
@@ -54,7 +56,8 @@ def mixture_counts(weights: Sequence[float], length: int) -> np.ndarray:
 
 
 def dataset_seed(seed: int, index: int) -> int:
-    """The seed of dataset ``index``'s permutations (``< 2**63``): from ``SeedSequence([seed,
-    index])``, so datasets shuffle independently of each other and of the epoch's order."""
-    state = np.random.SeedSequence([seed, index, 0x6D6978]).generate_state(1, np.uint64)
-    return int(state[0] >> np.uint64(1))
+    """The seed of dataset ``index``'s permutations (``< 2**64``): the first ``uint64`` of the
+    mixture stream's ``SeedSequence`` for ``(seed, index)`` (:mod:`lance_prefetch.sampling`,
+    "Seeds"), so datasets shuffle independently of each other and of the epoch's order."""
+    state = seed_sequence(seed, MIXTURE_STREAM, index).generate_state(1, np.uint64)
+    return int(state[0])

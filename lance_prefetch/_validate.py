@@ -30,6 +30,7 @@ __all__ = [
     "check_number",
     "check_rank",
     "check_seconds",
+    "check_seed",
     "check_str_mapping",
     "check_version",
 ]
@@ -56,6 +57,23 @@ def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
     if minimum is not None and number < minimum:
         raise ValueError(f"{name} should be an integer >= {minimum}, but got {name}={number}")
     return number
+
+
+def check_seed(name: str, value: Any) -> int:
+    """``value`` as a Python ``int`` in ``[0, 2**64)``: a seed or an epoch, which every random
+    stream encodes in 64 bits (:mod:`lance_prefetch.sampling`, "Seeds").
+
+    Raises:
+        TypeError: not an integer (or a bool).
+        ValueError: negative, or ``2**64`` or more.
+    """
+    seed = check_int(name, value, minimum=0)
+    if seed >= 2**64:
+        raise ValueError(
+            f"{name} should be an integer in [0, 2**64), but got {name}={seed}; pass a value "
+            f"below 2**64 (e.g. {name} % 2**64)"
+        )
+    return seed
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -73,7 +73,7 @@ def test_local_and_s3_concatenated_read_every_row_once_on_1_and_2_ranks(two):
             seen += [i for batch in got for i in batch]
         assert sorted(seen) == everything  # each (dataset, id) once: ids name their dataset
     state = loader.state_dict()
-    assert state["format_version"] == 4 and state["weights"] is None
+    assert state["format_version"] == 5 and state["weights"] is None
     assert state["datasets"] == [
         {"uri": two[0][0], "version": 1, "num_rows": LOCAL_ROWS},
         {"uri": two[0][1], "version": 1, "num_rows": S3_ROWS},

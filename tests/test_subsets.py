@@ -233,7 +233,7 @@ def test_the_state_records_the_filter_and_split_and_refuses_others(holey):
     split = Split(fractions=FRACTIONS, name="validation", seed=2)
     loader = PrefetchLoader(holey, 5, columns=["id"], filter=FILTER, split=split)
     state = json.loads(json.dumps(loader.state_dict()))
-    assert state["format_version"] == 3 and state["num_rows"] == 45  # 0.2 of 227 = 45.4
+    assert state["format_version"] == 5 and state["num_rows"] == 45  # 0.2 of 227 = 45.4
     assert state["filter"] == FILTER
     assert state["split"] == {
         "fractions": [["test", 0.1], ["train", 0.7], ["validation", 0.2]],
@@ -397,12 +397,13 @@ def test_key_hashes_are_the_documented_formula():
         ({"fractions": [0.9, 0.1]}, TypeError, "Split fractions should be a mapping of part "
                                                "names to fractions, such as {'train': 0.9, 'validation': 0.1}, but got fractions=[0.9, 0.1]"),
         ({"seed": -1}, ValueError, "Split seed should be an integer >= 0, but got Split seed=-1"),
+        ({"seed": 2**64}, ValueError, "Split seed should be an integer in [0, 2**64), but got Split seed=18446744073709551616; pass a value below 2**64 (e.g. Split seed % 2**64)"),
         ({"by": ""}, ValueError, "Split by should be 'position' or a column name, but got by=''"),
         ({"fractions": {"train": 0.9 + 4e-9, "validation": 0.1}}, ValueError,
          "Split fractions should sum to 1, but {'train': 0.900000004, 'validation': 0.1} sum "
          "to 1.000000004; lower the fractions"),
     ],
-    ids=["sum", "name", "zero", "not-a-mapping", "seed", "by", "sum-above-one"],
+    ids=["sum", "name", "zero", "not-a-mapping", "seed", "seed-64", "by", "sum-above-one"],
 )  # fmt: skip
 def test_a_bad_split_is_refused_naming_the_field(options, error, message):
     fields = {"fractions": {"train": 0.9, "validation": 0.1}, "name": "train", **options}
