@@ -264,7 +264,7 @@ def test_the_state_records_the_filter_and_split_and_refuses_others(holey):
         whole.load_state_dict(state)
     with pytest.raises(ValueError, match=r"^state does not match this loader: filter is None in "
                        r"the state but 'label < 4' in this loader; split is None"):  # fmt: skip
-        loader.load_state_dict(whole.state_dict())  # a format 1 state: the whole dataset
+        loader.load_state_dict(whole.state_dict())  # a state of the whole dataset
 
 
 # -- splits ---------------------------------------------------------------------------------------
