@@ -125,8 +125,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             permute only the matching rows (``docs/subsets.md``). Default: ``None``, every row.
         split (Split, optional): one part of a seeded split of the (matching) rows
             (:class:`~lance_prefetch.Split`). Default: ``None``.
-        weights (Sequence[float], optional): with a list ``source``, a mixture: each epoch
-            reads the datasets in these proportions (``docs/datasets.md``). Default: ``None``.
+        weights (Sequence[float], optional): with a list ``source``, a mixture: each epoch reads
+            the datasets in these proportions, each >= 1 row (``docs/datasets.md``). Default: None.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).
