@@ -35,6 +35,7 @@ __all__ = [
     "explain_read_error",
     "explain_refused_read",
     "is_s3",
+    "lance_message",
     "probe_endpoint",
     "raise_instead",
     "redact",
@@ -427,10 +428,15 @@ def _summary(text: str, options: Mapping[str, str] | None) -> str:
         message = _xml(text, "Message")
         summary = f"{code}: {message}" if message else code
     else:
-        summary = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", text).strip()
-        summary = re.sub(r"\s+", " ", summary)
+        summary = lance_message(text)
     summary = scrub(summary, options)
     return summary if len(summary) <= 300 else summary[:297] + "..."
+
+
+def lance_message(text: str) -> str:
+    """Lance's error ``text`` without the Rust source locations it appends (``, /home/.../
+    scanner.rs:3786:32``), its whitespace runs as single spaces."""
+    return re.sub(r"\s+", " ", re.sub(r",?\s*/\S+\.rs:\d+:\d+", "", text)).strip()
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|m|min|mins)?\s*$", re.IGNORECASE)
