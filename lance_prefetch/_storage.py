@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
+from ._errors import lance_message
+
 __all__ = [
     "PROBE_TIMEOUT_S",
     "check_s3_options",
@@ -35,7 +37,6 @@ __all__ = [
     "explain_read_error",
     "explain_refused_read",
     "is_s3",
-    "lance_message",
     "probe_endpoint",
     "raise_instead",
     "redact",
@@ -431,12 +432,6 @@ def _summary(text: str, options: Mapping[str, str] | None) -> str:
         summary = lance_message(text)
     summary = scrub(summary, options)
     return summary if len(summary) <= 300 else summary[:297] + "..."
-
-
-def lance_message(text: str) -> str:
-    """Lance's error ``text`` without the Rust source locations it appends (``, /home/.../
-    scanner.rs:3786:32``), its whitespace runs as single spaces."""
-    return re.sub(r"\s+", " ", re.sub(r",?\s*/\S+\.rs:\d+:\d+", "", text)).strip()
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|m|min|mins)?\s*$", re.IGNORECASE)

@@ -31,8 +31,8 @@ import pyarrow.compute as pc
 
 from ._cache import with_cache
 from ._config import LoaderConfig, SourceOptions
+from ._errors import lance_message
 from ._source import LanceSource, RowSource, ShortReadError
-from ._storage import lance_message
 from .convert import check_schema
 from .permutation import index_dtype
 from .splits import BY_POSITION, Split, key_hashes, key_parts, part_positions
