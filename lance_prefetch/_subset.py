@@ -241,16 +241,32 @@ def subset_of(source: Any) -> Subset | None:
 
 
 def _check_key(source: LanceSource, key: str) -> None:
-    schema = source.dataset_schema
-    if key not in schema.names:
+    """Refuse a ``by`` that names no column or struct field (``"meta.doc"``: field ``doc`` of
+    the struct ``meta``), or one of a type that is no key."""
+    schema, where = source.dataset_schema, f"{source.uri!r} version {source.version}"
+    first, *rest = key.split(".")  # Lance refuses a "." in a name: a dotted name is a path
+    if first not in schema.names:
         raise ValueError(
-            f"split by={key!r}: no such column in {source.uri!r} version {source.version}; its "
-            f"columns are {schema.names} (or by='position' for exact sizes)"
+            f"split by={key!r}: no such column in {where}; its columns are {schema.names} (or "
+            f"by='position' for exact sizes)"
         )
-    kind = schema.field(key).type
-    if not any(test(kind) for test in _KEY_TYPES):
+    field, walked = schema.field(first), first
+    for part in rest:
+        if not pa.types.is_struct(field.type):
+            raise ValueError(
+                f"split by={key!r}: {walked!r} in {where} has type {field.type}, not a struct; "
+                f"name {walked!r} itself or another column"
+            )
+        names = [child.name for child in field.type]
+        if part not in names:
+            raise ValueError(
+                f"split by={key!r}: no such field in {where}: the struct {walked!r} has the "
+                f"fields {names}"
+            )
+        field, walked = field.type.field(part), f"{walked}.{part}"
+    if not any(test(field.type) for test in _KEY_TYPES):
         raise ValueError(
-            f"split by={key!r}: the column is {kind}, but a split key must be an integer, "
+            f"split by={key!r}: the column is {field.type}, but a split key must be an integer, "
             f"string or binary column; add such a column (e.g. a cast or a hash of it with "
             f"add_columns), or split by='position'"
         )
@@ -279,8 +295,8 @@ def _scan_offsets(
             the filter is not a predicate, or a selected row's key is null.
     """
     projection = {} if filter is None else {"match": filter}
-    if key is not None:
-        projection["key"] = f"`{key}`"
+    if key is not None:  # each part quoted: "`meta`.`doc`" is field doc of the struct meta
+        projection["key"] = ".".join(f"`{part}`" for part in key.split("."))
     try:
         try:
             return _scan(source, projection, filter, key, split)

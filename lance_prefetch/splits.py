@@ -22,10 +22,11 @@ Two ways to assign rows to parts
     a row to another part). The parts take consecutive runs of it, of :func:`split_sizes` rows each.
     Appending, deleting or filtering rows changes ``m`` and reshuffles every part.
 ``by="<column>"``: **stable under appends; sizes approximate.**
-    Each row's part depends only on its value in that column (integer, string or binary) and
-    the seed (:func:`key_hashes`): a row keeps its part when rows are appended or deleted, and
-    rows with equal keys share a part (no document straddles train and validation). A part's
-    size is binomial around ``fraction * m`` (within a few ``sqrt(m * fraction)`` rows).
+    Each row's part depends only on its value in that column (integer, string or binary; or a
+    struct's field of those types, by its dotted path: ``by="meta.doc"``) and the seed
+    (:func:`key_hashes`): a row keeps its part when rows are appended or deleted, and rows with
+    equal keys share a part (no document straddles train and validation). A part's size is
+    binomial around ``fraction * m`` (within a few ``sqrt(m * fraction)`` rows).
 
 Sizes with ``by="position"``: the largest remainder rule
 --------------------------------------------------------
@@ -96,8 +97,9 @@ class Split:
             that reads a part. Default: ``0``.
         by (str, optional): ``"position"``: exact sizes (:func:`split_sizes`), by position in a
             seeded permutation of the rows, changed by any change to the rows; or the name of an
-            integer, string or binary column: each row's part from a hash of its value (stable
-            under appends, equal keys in one part, sizes approximate). Default: ``"position"``
+            integer, string or binary column, or a dotted path to such a field of a struct
+            column (``"meta.doc"``, as ``columns`` takes): each row's part from a hash of its
+            value (stable under appends, equal keys in one part, sizes approximate). Default: ``"position"``
             (so a column named ``position`` cannot be the key: rename it, e.g. with
             ``add_columns``).
 

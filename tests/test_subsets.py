@@ -387,6 +387,69 @@ def test_a_key_split_keeps_every_rows_part_when_rows_are_appended(tmp_path):
     assert 40 <= len(after["validation"]) <= 120  # binomial around 80
 
 
+def test_a_key_split_takes_a_struct_field_by_its_path(tmp_path):
+    """``by="meta.doc"`` (as ``columns`` and ``filter`` name a struct's field; was refused as no
+    such column): the parts are the documented hash of each row's ``meta.doc``, exactly those
+    of a top-level copy of it, disjoint, covering every row; rows of a document share a part.
+    A path that names no field, or goes through a non-struct, is refused naming it; a row whose
+    struct is null has a null key, refused with the filter that leaves it out."""
+    ids = np.arange(300)
+    docs = ids // 3  # three rows a document
+
+    def write(name: str, null: int | None = None) -> str:
+        fields = [pa.array(docs), pa.array([f"t{d}" for d in docs])]
+        meta = pa.StructArray.from_arrays(
+            fields, names=["doc", "title"], mask=pa.array(ids == null)
+        )
+        uri = str(tmp_path / name)
+        lance.write_dataset(pa.table({"id": ids, "doc": docs, "meta": meta}), uri)
+        return uri
+
+    uri, holed = write("docs.lance"), write("holed.lance", null=7)
+
+    def loader(name: str, by: str, source: str = uri, **options) -> PrefetchLoader:
+        split = Split(fractions={"train": 0.7, "validation": 0.3}, name=name, seed=5, by=by)
+        return PrefetchLoader(source, 4, columns=["id", "meta.doc"], split=split, **options)
+
+    def by_hash(keys: list, name: str) -> list[int]:
+        split = Split(fractions={"train": 0.7, "validation": 0.3}, name=name, seed=5, by="x")
+        return np.flatnonzero(key_parts(key_hashes(pa.array(keys), 5), split)).tolist()
+
+    parts = {
+        name: loader(name, "meta.doc").row_offsets.tolist() for name in ("train", "validation")
+    }
+    assert parts == {name: by_hash(docs, name) for name in parts}
+    assert parts["validation"] == loader("validation", "doc").row_offsets.tolist()
+    assert sorted(parts["train"] + parts["validation"]) == ids.tolist()
+    assert set(docs[parts["validation"]]).isdisjoint(docs[parts["train"]])
+    batches = collect(loader("validation", "meta.doc", shuffle=False, drop_last=False))
+    assert sorted(flat(batches)) == parts["validation"]  # ids are offsets here
+    titles = [f"t{d}" for d in docs]
+    assert loader("train", "meta.title").row_offsets.tolist() == by_hash(titles, "train")
+    with pytest.raises(ValueError) as info:
+        loader("train", "meta.nope")
+    assert str(info.value) == (
+        f"split by='meta.nope': no such field in {uri!r} version 1: the struct 'meta' has the "
+        f"fields ['doc', 'title']"
+    )
+    with pytest.raises(ValueError) as info:
+        loader("train", "id.doc")
+    assert str(info.value) == (
+        f"split by='id.doc': 'id' in {uri!r} version 1 has type int64, not a struct; name 'id' "
+        f"itself or another column"
+    )
+    with pytest.raises(ValueError, match=r"^split by='meta': the column is struct<doc: int64, "):
+        loader("train", "meta")
+    with pytest.raises(ValueError) as info:  # row 7's struct is null: so is its key
+        loader("train", "meta.doc", holed)
+    assert str(info.value) == (
+        "split by='meta.doc': 1 selected rows have a null meta.doc; leave them out with "
+        "filter='meta.doc IS NOT NULL'"
+    )
+    kept = loader("validation", "meta.doc", holed, filter="meta.doc IS NOT NULL")
+    assert kept.row_offsets.tolist() == [i for i in parts["validation"] if i != 7]
+
+
 def test_key_hashes_are_the_documented_formula():
     """The hash written out in :mod:`lance_prefetch.splits`, computed here in Python integers."""
     mask = 2**64 - 1
