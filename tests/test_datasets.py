@@ -184,9 +184,13 @@ def test_huge_and_tiny_weights_normalise_without_overflow(ids_25):
 
 @pytest.mark.parametrize(
     ("weights", "share", "rows"),
-    [([1, 1e-12], "1e-12", "2.5e-11"), ([1, 1e-320], "1e-320", "2.5e-319"),
-     ([1e308, 1e-300], "0", "0"), ([1, 0.02], "0.0196", "0.49")],
-)  # fmt: skip
+    [
+        ([1, 1e-12], "1e-12", "2.5e-11"),
+        ([1, 1e-320], "1e-320", "2.5e-319"),
+        ([1e308, 1e-300], "0", "0"),
+        ([1, 0.02], "0.0196", "0.49"),
+    ],
+)
 def test_a_weight_that_leaves_a_dataset_no_row_is_refused(ids_25, weights, share, rows):
     """Was: [1, 1e-12] read dataset 1 zero rows every epoch, silently; [1, 1e-320] raised a bare
     OverflowError."""
