@@ -31,6 +31,7 @@ from ._validate import (
     check_names,
     check_rank,
     check_seconds,
+    check_seed,
     check_str_mapping,
     check_version,
     check_weights,
@@ -165,7 +166,7 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         _set(self, "batch_size", check_int("batch_size", self.batch_size, minimum=1))
-        _set(self, "seed", check_int("seed", self.seed, minimum=0))
+        _set(self, "seed", check_seed("seed", self.seed))
         _set(self, "readahead", check_int_or_auto("readahead", self.readahead))
         _set(self, "max_in_flight", check_int_or_auto("max_in_flight", self.max_in_flight))
         if isinstance(self.readahead, int) and isinstance(self.max_in_flight, int):

@@ -1,12 +1,20 @@
 """The errors that reach the training loop from ``next()``: a batch that failed
-(:class:`BatchLoadError`) and an epoch that failed its coverage audit (:class:`CoverageError`)."""
+(:class:`BatchLoadError`) and an epoch that failed its coverage audit (:class:`CoverageError`);
+and Lance's error text as messages quote it (:func:`lance_message`)."""
 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
-__all__ = ["BatchLoadError", "CoverageError"]
+__all__ = ["BatchLoadError", "CoverageError", "lance_message"]
+
+
+def lance_message(text: str) -> str:
+    """Lance's error ``text`` without the Rust source locations it appends (``, /home/.../
+    scanner.rs:3786:32``), its whitespace runs as single spaces."""
+    return re.sub(r"\s+", " ", re.sub(r",?\s*/\S+\.rs:\d+:\d+", "", text)).strip()
 
 
 class BatchLoadError(RuntimeError):

@@ -78,7 +78,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             their concatenation, one permutation over all rows (``docs/datasets.md``).
         batch_size (int): rows per batch, ``>= 1``.
         columns (Sequence[str], optional): columns (or ``"a.b"`` struct fields). Default: all.
-        seed (int, optional): base seed, ``>= 0``, the same on every rank. Default: ``0``.
+        seed (int, optional): base seed in ``[0, 2**64)``, the same on every rank. Default: ``0``.
         readahead (int | str, optional): the most batches held (being read or read, not yet
             handed out), ``>= 1``; ``"auto"``: tuned from the measured wait and rows/s within
             ``max_buffer_bytes``. Default: ``"auto"``.
@@ -139,8 +139,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             permute only the matching rows (``docs/subsets.md``). Default: ``None``, every row.
         split (Split, optional): one part of a seeded split of the (matching) rows
             (:class:`~lance_prefetch.Split`). Default: ``None``.
-        weights (Sequence[float], optional): with a list ``source``, a mixture: each epoch
-            reads the datasets in these proportions (``docs/datasets.md``). Default: ``None``.
+        weights (Sequence[float], optional): with a list ``source``, a mixture: each epoch reads
+            the datasets in these proportions, each >= 1 row (``docs/datasets.md``). Default: None.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._seeds import MIXTURE_STREAM, seed_sequence
+
 __all__ = ["dataset_seed", "epoch_length", "mixture_counts"]
 
 
@@ -31,10 +33,14 @@ def epoch_length(weights: Sequence[float], sizes: Sequence[int]) -> int:
     """``L = min_i floor(N_i / w_i)`` rows. Weights like ``7 / 12`` are not exact in floats:
     ``147 / (7 / 12)`` is ``251.99...`` and ``252 * (7 / 12)`` is ``147.00...03``, so the
     quotient is nudged up by a relative ``1e-12`` and ``L`` lowered only while an epoch's
-    counts (:func:`mixture_counts`) would exceed a dataset's rows."""
-    length = min(
-        math.floor(size / weight * (1 + 1e-12)) for weight, size in zip(weights, sizes, strict=True)
-    )
+    counts (:func:`mixture_counts`) would exceed a dataset's rows. A weight so small (or
+    ``0.0``) that ``N_i / w_i`` overflows to infinity bounds nothing (the largest weight,
+    ``>= 1 / n``, always bounds)."""
+    quotients = [
+        size / weight * (1 + 1e-12) if weight else math.inf
+        for weight, size in zip(weights, sizes, strict=True)
+    ]
+    length = math.floor(min(quotients))
     while (mixture_counts(weights, length) > np.asarray(sizes)).any():
         length -= 1  # float rounding of size / weight; never more than a step or two
     return length
@@ -54,7 +60,8 @@ def mixture_counts(weights: Sequence[float], length: int) -> np.ndarray:
 
 
 def dataset_seed(seed: int, index: int) -> int:
-    """The seed of dataset ``index``'s permutations (``< 2**63``): from ``SeedSequence([seed,
-    index])``, so datasets shuffle independently of each other and of the epoch's order."""
-    state = np.random.SeedSequence([seed, index, 0x6D6978]).generate_state(1, np.uint64)
-    return int(state[0] >> np.uint64(1))
+    """The seed of dataset ``index``'s permutations (``< 2**64``): the first ``uint64`` of the
+    mixture stream's ``SeedSequence`` for ``(seed, index)`` (:mod:`lance_prefetch.sampling`,
+    "Seeds"), so datasets shuffle independently of each other and of the epoch's order."""
+    state = seed_sequence(seed, MIXTURE_STREAM, index).generate_state(1, np.uint64)
+    return int(state[0])

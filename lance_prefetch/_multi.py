@@ -152,6 +152,10 @@ class MixtureSource(ConcatSource):
     Args:
         concat (ConcatSource): the datasets. weights (Sequence[float]): normalised, one each.
         seed (int): the loader's seed.
+
+    Raises:
+        ValueError: a weight gives its dataset no row in an epoch (naming ``weights``, the
+            dataset and the weight that would give it one).
     """
 
     def __init__(self, concat: ConcatSource, weights: Sequence[float], seed: int) -> None:
@@ -160,6 +164,16 @@ class MixtureSource(ConcatSource):
         self.sizes = [s.num_rows for s in self.sources]
         self.length = epoch_length(self.weights, self.sizes)
         self.counts = mixture_counts(self.weights, self.length)
+        if (self.counts == 0).any():
+            i = int(np.flatnonzero(self.counts == 0)[0])
+            share = self.length * self.weights[i]
+            raise ValueError(
+                f"weights: source[{i}] ({self.sources[i].uri!r}) would give no row to any "
+                f"epoch: weights[{i}] is {self.weights[i]:.3g} of the weights' sum, and an epoch "
+                f"of the mixture holds {self.length} rows ({self.length} * "
+                f"{self.weights[i]:.3g} = {share:.3g} rows, rounded to 0); raise weights[{i}] to "
+                f"at least 1/{self.length} of the weights' sum, or leave source[{i}] out"
+            )
         self.blocks = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
     num_rows = property(lambda self: self.length, doc="Rows an epoch reads, ``L``.")

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
+from ._errors import lance_message
+
 __all__ = [
     "PROBE_TIMEOUT_S",
     "check_s3_options",
@@ -427,8 +429,7 @@ def _summary(text: str, options: Mapping[str, str] | None) -> str:
         message = _xml(text, "Message")
         summary = f"{code}: {message}" if message else code
     else:
-        summary = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", text).strip()
-        summary = re.sub(r"\s+", " ", summary)
+        summary = lance_message(text)
     summary = scrub(summary, options)
     return summary if len(summary) <= 300 else summary[:297] + "..."
 

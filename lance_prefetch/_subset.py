@@ -20,6 +20,8 @@ so no worker scans again.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +31,7 @@ import pyarrow.compute as pc
 
 from ._cache import with_cache
 from ._config import LoaderConfig, SourceOptions
+from ._errors import lance_message
 from ._source import LanceSource, RowSource, ShortReadError
 from .convert import check_schema
 from .permutation import index_dtype
@@ -238,16 +241,32 @@ def subset_of(source: Any) -> Subset | None:
 
 
 def _check_key(source: LanceSource, key: str) -> None:
-    schema = source.dataset_schema
-    if key not in schema.names:
+    """Refuse a ``by`` that names no column or struct field (``"meta.doc"``: field ``doc`` of
+    the struct ``meta``), or one of a type that is no key."""
+    schema, where = source.dataset_schema, f"{source.uri!r} version {source.version}"
+    first, *rest = key.split(".")  # Lance refuses a "." in a name: a dotted name is a path
+    if first not in schema.names:
         raise ValueError(
-            f"split by={key!r}: no such column in {source.uri!r} version {source.version}; its "
-            f"columns are {schema.names} (or by='position' for exact sizes)"
+            f"split by={key!r}: no such column in {where}; its columns are {schema.names} (or "
+            f"by='position' for exact sizes)"
         )
-    kind = schema.field(key).type
-    if not any(test(kind) for test in _KEY_TYPES):
+    field, walked = schema.field(first), first
+    for part in rest:
+        if not pa.types.is_struct(field.type):
+            raise ValueError(
+                f"split by={key!r}: {walked!r} in {where} has type {field.type}, not a struct; "
+                f"name {walked!r} itself or another column"
+            )
+        names = [child.name for child in field.type]
+        if part not in names:
+            raise ValueError(
+                f"split by={key!r}: no such field in {where}: the struct {walked!r} has the "
+                f"fields {names}"
+            )
+        field, walked = field.type.field(part), f"{walked}.{part}"
+    if not any(test(field.type) for test in _KEY_TYPES):
         raise ValueError(
-            f"split by={key!r}: the column is {kind}, but a split key must be an integer, "
+            f"split by={key!r}: the column is {field.type}, but a split key must be an integer, "
             f"string or binary column; add such a column (e.g. a cast or a hash of it with "
             f"add_columns), or split by='position'"
         )
@@ -266,45 +285,83 @@ def _scan_offsets(
     source: LanceSource, filter: str | None, key: str | None, split: Split | None
 ) -> tuple[np.ndarray, int]:
     """The offsets that match ``filter`` (all, without one) and, with a ``key``, fall in the
-    split's part by their key's hash, and how many matched ``filter``: one scan."""
+    split's part by their key's hash, and how many matched ``filter``: one scan (two when Lance
+    refuses the first of a filter alone: a constant filter, ``"true"`` or ``"1 = 1"``, which
+    Lance folds to a literal naming no column, is a scan of no column, which it refuses; the
+    second also reads the narrowest column, :func:`_narrowest`).
+
+    Raises:
+        ValueError: Lance refused the filter (its message quoted without Rust source paths),
+            the filter is not a predicate, or a selected row's key is null.
+    """
     projection = {} if filter is None else {"match": filter}
-    if key is not None:
-        projection["key"] = f"`{key}`"
-    dtype, found, start, matched = index_dtype(source.num_rows), [], 0, 0
+    if key is not None:  # each part quoted: "`meta`.`doc`" is field doc of the struct meta
+        projection["key"] = ".".join(f"`{part}`" for part in key.split("."))
     try:
-        for batch in source.scan(batch_rows=SCAN_ROWS, projection=projection):
-            rows = np.arange(start, start + batch.num_rows, dtype=np.int64)
-            start += batch.num_rows
-            if filter is not None:
-                mask = _matches(batch.column("match"), filter)
-                rows = rows[mask]
-            matched += len(rows)
-            if key is not None:
-                keys = batch.column("key")
-                keys = keys if filter is None else keys.filter(mask)
-                if keys.null_count:
-                    raise _Refusal(
-                        f"split by={key!r}: {keys.null_count} selected rows have a null {key}; "
-                        f"leave them out with filter='{key} IS NOT NULL'"
-                    )
-                rows = rows[key_parts(key_hashes(keys, split.seed), split)]  # type: ignore[union-attr]
-            found.append(rows.astype(dtype))
+        try:
+            return _scan(source, projection, filter, key, split)
+        except ValueError as exc:  # Lance's "Invalid user input": the filter (key was checked)
+            if filter is None:
+                raise
+            refusal = exc
+        if key is None:
+            with contextlib.suppress(ValueError):  # refused again: the first refusal stands
+                column = _narrowest(source.dataset_schema)
+                return _scan(source, projection | {"column": f"`{column}`"}, filter, key, split)
     except _Refusal as exc:
         raise ValueError(str(exc)) from None
-    except ValueError as exc:  # Lance's "Invalid user input": the filter (the key was checked)
-        if filter is None:
-            raise
-        raise ValueError(
-            f"filter={filter!r} was refused by Lance: {exc}. It must be a Lance SQL predicate "
-            f"over the dataset's columns {source.dataset_schema.names}, as "
-            f"LanceDataset.scanner(filter=...) takes"
-        ) from exc
+    message = lance_message(str(refusal)).rstrip(".")
+    raise ValueError(
+        f"filter={filter!r} was refused by Lance: {message}. It must be a Lance SQL "
+        f"predicate over the dataset's columns {source.dataset_schema.names}, as "
+        f"LanceDataset.scanner(filter=...) takes"
+    ) from refusal
+
+
+def _scan(
+    source: LanceSource,
+    projection: dict[str, str],
+    filter: str | None,
+    key: str | None,
+    split: Split | None,
+) -> tuple[np.ndarray, int]:
+    """:func:`_scan_offsets`'s scan with ``projection``; Lance's errors as they are."""
+    dtype, found, start, matched = index_dtype(source.num_rows), [], 0, 0
+    for batch in source.scan(batch_rows=SCAN_ROWS, projection=projection):
+        rows = np.arange(start, start + batch.num_rows, dtype=np.int64)
+        start += batch.num_rows
+        if filter is not None:
+            mask = _matches(batch.column("match"), filter)
+            rows = rows[mask]
+        matched += len(rows)
+        if key is not None:
+            keys = batch.column("key")
+            keys = keys if filter is None else keys.filter(mask)
+            if keys.null_count:
+                raise _Refusal(
+                    f"split by={key!r}: {keys.null_count} selected rows have a null {key}; "
+                    f"leave them out with filter='{key} IS NOT NULL'"
+                )
+            rows = rows[key_parts(key_hashes(keys, split.seed), split)]  # type: ignore[union-attr]
+        found.append(rows.astype(dtype))
     return (np.concatenate(found) if found else np.zeros(0, dtype=dtype)), matched
+
+
+def _narrowest(schema: pa.Schema) -> str:
+    """The top-level column of fewest bits a row (a fixed-width one), else the first."""
+
+    def bits(field: pa.Field) -> float:
+        try:
+            return field.type.bit_width
+        except ValueError:  # not fixed-width: strings, lists, structs
+            return math.inf
+
+    return min(schema, key=bits).name
 
 
 class _Refusal(Exception):
     """A filter or key refused during the scan (raised as a ``ValueError`` once outside the
-    handler of Lance's own ``ValueError``)."""
+    handlers of Lance's own ``ValueError``)."""
 
 
 def _matches(column: pa.Array, filter: str) -> np.ndarray:

@@ -30,6 +30,7 @@ __all__ = [
     "check_number",
     "check_rank",
     "check_seconds",
+    "check_seed",
     "check_str_mapping",
     "check_version",
 ]
@@ -56,6 +57,23 @@ def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
     if minimum is not None and number < minimum:
         raise ValueError(f"{name} should be an integer >= {minimum}, but got {name}={number}")
     return number
+
+
+def check_seed(name: str, value: Any) -> int:
+    """``value`` as a Python ``int`` in ``[0, 2**64)``: a seed or an epoch, which every random
+    stream encodes in 64 bits (:mod:`lance_prefetch.sampling`, "Seeds").
+
+    Raises:
+        TypeError: not an integer (or a bool).
+        ValueError: negative, or ``2**64`` or more.
+    """
+    seed = check_int(name, value, minimum=0)
+    if seed >= 2**64:
+        raise ValueError(
+            f"{name} should be an integer in [0, 2**64), but got {name}={seed}; pass a value "
+            f"below 2**64 (e.g. {name} % 2**64)"
+        )
+    return seed
 
 
 def check_bool(name: str, value: Any) -> bool:
@@ -374,8 +392,10 @@ def _either(items: list[str]) -> str:
 
 def check_weights(value: Any, *, shuffle: bool) -> tuple[float, ...] | None:
     """``weights``: ``None``, or a list of at least two finite numbers ``> 0`` (a mixture's
-    proportions, one per dataset of a list ``source``; normalised to sum to 1), only with
-    ``shuffle=True``.
+    proportions, one per dataset of a list ``source``; normalised to sum to 1, also near the
+    float limits: ``[1e308, 1e308]`` is ``(0.5, 0.5)``), only with ``shuffle=True``. A weight
+    too small next to the largest for a float comes back ``0.0``; the mixture then refuses it
+    (it gives its dataset no row an epoch: :class:`~lance_prefetch._multi.MixtureSource`).
 
     Raises:
         TypeError: not a list of numbers. ValueError: fewer than two, one not finite or
@@ -404,5 +424,8 @@ def check_weights(value: Any, *, shuffle: bool) -> tuple[float, ...] | None:
             "weights mixes datasets into shuffled epochs, but shuffle=False reads in order; "
             "leave weights out to read the datasets' concatenation in order"
         )
+    # scaled by a power of two (exact) so that the largest is in [0.5, 1): the sum cannot overflow
+    scale = -math.frexp(max(floats))[1]
+    floats = [math.ldexp(weight, scale) for weight in floats]
     total = math.fsum(floats)
     return tuple(weight / total for weight in floats)

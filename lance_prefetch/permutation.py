@@ -5,10 +5,10 @@ Pure code: no Lance, no torch, no global random state. Both kinds are determined
 each position of the epoch (:meth:`Permutation.take`).
 
 ``"array"`` (:class:`ArrayPermutation`)
-    numpy's ``Generator(PCG64(SeedSequence([seed, epoch]))).shuffle`` of ``0 .. N-1``
-    (:func:`epoch_permutation`), materialised on first use: ``N * itemsize`` bytes (4 bytes a row
-    below 2**32 rows), its shuffle all spent before the first batch. The order every earlier
-    version produced.
+    numpy's ``Generator(PCG64(S)).shuffle`` of ``0 .. N-1`` (:func:`epoch_permutation`), where
+    ``S`` is the epoch's ``SeedSequence`` (:mod:`lance_prefetch.sampling`, "Seeds"); materialised
+    on first use: ``N * itemsize`` bytes (4 bytes a row below 2**32 rows), its shuffle all spent
+    before the first batch.
 ``"lazy"`` (:class:`LazyPermutation`)
     A keyed bijection computed on demand, constant memory. A position is encrypted by a Feistel
     network over ``b`` bits, the smallest ``b >= 1`` with ``N <= 2**b``: a high half ``A`` of
@@ -16,15 +16,13 @@ each position of the epoch (:meth:`Permutation.take`).
     so the domain is below ``2N``). Round ``i`` replaces ``(A, B)`` by ``(B, A ^ F(B ^ k_i))``, so
     the widths swap each round; ``F`` is splitmix64's finaliser (xor-shifts and two 64-bit
     multiplications) truncated to ``A``'s width, and the round keys ``k_i`` are
-    ``SeedSequence([seed, epoch]).generate_state(rounds, uint64)``. 8 rounds; 24 for ``b <= 7``
-    (at most 128 rows), where fewer are measurably non-uniform. A value that lands at ``>= N`` is
-    encrypted again (cycle walking) until it falls in ``[0, N)``: still a bijection on
-    ``[0, N)``, with fewer than 2 encryptions a value on average (its cost per row is in
-    ``docs/benchmarks.md``).
+    ``S.generate_state(rounds, uint64)``. 8 rounds; 24 for ``b <= 7`` (at most 128 rows), where
+    fewer are measurably non-uniform. A value that lands at ``>= N`` is encrypted again (cycle
+    walking) until it falls in ``[0, N)``: still a bijection on ``[0, N)``, with fewer than 2
+    encryptions a value on average (its cost per row is in ``docs/benchmarks.md``).
 
-``"auto"`` picks ``"lazy"`` above :data:`LAZY_THRESHOLD` rows, else ``"array"``: datasets up to
-that size keep exactly the order they had before the lazy kind existed, and no process holds more
-than 512 MiB of permutation.
+``"auto"`` picks ``"lazy"`` above :data:`LAZY_THRESHOLD` rows, else ``"array"``: no process holds
+more than 512 MiB of permutation.
 """
 
 from __future__ import annotations
@@ -34,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import check_int
+from ._seeds import EPOCH_STREAM, seed_sequence
+from ._validate import check_int, check_seed
 
 __all__ = [
     "ArrayPermutation",
@@ -78,20 +77,20 @@ def epoch_permutation(num_rows: int, seed: int, epoch: int) -> np.ndarray:
 
     Args:
         num_rows (int): number of rows to permute, ``>= 0``.
-        seed (int): base seed, ``>= 0``; identical across all ranks and processes of a job.
-        epoch (int): epoch number, ``>= 0``.
+        seed (int): base seed, in ``[0, 2**64)``; identical across all ranks and processes of a
+            job.
+        epoch (int): epoch number, in ``[0, 2**64)``.
 
     Returns:
         numpy.ndarray: shape ``(num_rows,)``, dtype :func:`index_dtype` ``(num_rows)``, each offset
         exactly once. Costs ``num_rows * itemsize`` bytes (4 bytes a row below 2**32 rows).
 
     Raises:
-        TypeError, ValueError: an argument is not a non-negative integer.
+        TypeError, ValueError: an argument is not a non-negative integer, or ``seed`` or
+            ``epoch`` is ``2**64`` or more.
     """
     num_rows = check_int("num_rows", num_rows, minimum=0)
-    seed = check_int("seed", seed, minimum=0)
-    epoch = check_int("epoch", epoch, minimum=0)
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch])))
+    rng = np.random.Generator(np.random.PCG64(seed_sequence(seed, EPOCH_STREAM, epoch)))
     permutation = np.arange(num_rows, dtype=index_dtype(num_rows))
     rng.shuffle(permutation)
     return permutation
@@ -134,7 +133,7 @@ class Permutation:
 
     Args:
         num_rows (int): rows permuted, ``>= 1``.
-        seed (int): base seed, ``>= 0``.
+        seed (int): base seed, in ``[0, 2**64)``.
         epoch (int): epoch number, ``>= 0``.
 
     Attributes:
@@ -146,7 +145,7 @@ class Permutation:
 
     def __init__(self, num_rows: int, seed: int, epoch: int) -> None:
         self.num_rows = check_int("num_rows", num_rows, minimum=1)
-        self.seed = check_int("seed", seed, minimum=0)
+        self.seed = check_seed("seed", seed)
         self.epoch = check_int("epoch", epoch, minimum=0)
         self.dtype = index_dtype(num_rows)
 
@@ -244,7 +243,7 @@ class LazyPermutation(Permutation):
         rounds = _SMALL_DOMAIN_ROUNDS if bits <= _SMALL_DOMAIN_BITS else _ROUNDS
         self._bits = bits
         self._high, self._low = bits // 2, bits - bits // 2  # widths of A and B; even rounds
-        self._keys = np.random.SeedSequence([seed, epoch]).generate_state(rounds, np.uint64)
+        self._keys = seed_sequence(seed, EPOCH_STREAM, epoch).generate_state(rounds, np.uint64)
 
     def slice(self, start: int, stop: int) -> np.ndarray:
         out = np.empty(stop - start, dtype=self.dtype)

@@ -9,7 +9,8 @@ The rules
 1. **Permutation.** Epoch ``e`` orders the row offsets ``0 .. num_rows-1`` uniformly at random,
    without replacement, determined by ``(seed, e)`` and different for every epoch, in one of two
    kinds (:mod:`lance_prefetch.permutation`): ``"array"``, a numpy ``Generator`` seeded from
-   ``SeedSequence([seed, e])`` shuffling an array of the smallest unsigned dtype that fits
+   the epoch's ``SeedSequence`` (below, "Seeds") shuffling an array of the smallest unsigned dtype
+   that fits
    (``uint8``/``uint16``/``uint32``/``uint64``), or ``"lazy"``, a keyed Feistel bijection computed
    per batch in constant memory. ``"auto"`` (the default) is ``"lazy"`` above
    :data:`~lance_prefetch.permutation.LAZY_THRESHOLD` (2**27) rows. Rules 2-4 and resuming are the
@@ -44,6 +45,24 @@ Worked example: ``num_rows=11, batch_size=2, world_size=2, drop_last=False``, pe
 ``[p8 p9]`` for rank 0 and ``[p10 p0]`` for rank 1 (``p0`` is the one padded row). Rank 0 yields
 ``[p0 p1] [p4 p5] [p8 p9]``; rank 1 yields ``[p2 p3] [p6 p7] [p10 p0]``.
 
+Seeds
+-----
+Every random stream (an epoch's permutation, a mixture's dataset, a split by position) is seeded
+by one ``numpy.random.SeedSequence`` whose entropy is a fixed-width array of ``uint32`` words::
+
+    [s_0, s_1, s_2, s_3, stream, v_lo, v_hi]
+
+``seed = s_0 + 2**32 * s_1`` (``s_2 = s_3 = 0``: a seed is in ``[0, 2**64)``); ``stream`` names the
+stream; ``v = v_lo + 2**32 * v_hi`` is its value, in ``[0, 2**64)``. Epoch ``e``'s permutation:
+stream ``0x45504F43`` ("EPOC"), ``v = e``. A mixture's dataset ``i`` shuffles its rows each
+epoch as an epoch permutation whose seed is ``SeedSequence(...).generate_state(1, uint64)`` of
+stream ``0x4D495854`` ("MIXT"), ``v = i``. A split by position: stream ``0x53504C54`` ("SPLT")
+and no ``v`` (``[s_0, s_1, s_2, s_3, stream]``, which is ``SeedSequence(seed,
+spawn_key=(0x53504C54,))``). Every word is kept, zero words too, so distinct ``(seed, e)`` never
+share an entropy. (Versions before this rule used ``SeedSequence([seed, e])``, which drops each
+integer's high zero words: seed ``2**32 + 7`` in epoch 0 and seed ``7`` in epoch 1 shuffled
+alike. Their checkpoint states are refused: :mod:`lance_prefetch.state`.)
+
 DataLoader workers
 ------------------
 Within a rank, worker ``w`` of ``K`` takes the rank's batches ``w, w + K, w + 2K, ...``. The
@@ -71,7 +90,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._positions import first_local
-from ._validate import check_bool, check_int
+from ._validate import check_bool, check_int, check_seed
 from .permutation import (
     CHUNK_ROWS,
     ArrayPermutation,
@@ -120,8 +139,8 @@ class EpochPlan:
     Args:
         num_rows (int): live rows in the dataset version, ``>= 1``.
         batch_size (int): rows per batch, ``>= 1``.
-        seed (int, optional): base seed, ``>= 0``. Default: ``0``.
-        epoch (int, optional): epoch number, ``>= 0``. Default: ``0``.
+        seed (int, optional): base seed, in ``[0, 2**64)``. Default: ``0``.
+        epoch (int, optional): epoch number, in ``[0, 2**64)``. Default: ``0``.
         world_size (int, optional): number of ranks, ``>= 1``. Default: ``1``.
         drop_last (bool, optional): drop the permutation's tail so every batch is full (``True``), or
             pad by wrapping around so every row is delivered (``False``). Default: ``True``.
@@ -136,7 +155,7 @@ class EpochPlan:
 
     Raises:
         TypeError: an argument has the wrong type (bools are not integers here).
-        ValueError: a value is out of range.
+        ValueError: a value is out of range (``seed`` or ``epoch`` ``2**64`` or more too).
         TooFewRowsError: (a ``ValueError``) ``drop_last=True``, ``start=0`` and
             ``num_rows < batch_size * world_size`` (no rank could get a single full batch).
     """
@@ -154,8 +173,8 @@ class EpochPlan:
     def __post_init__(self) -> None:
         check_int("num_rows", self.num_rows, minimum=1)
         check_int("batch_size", self.batch_size, minimum=1)
-        check_int("seed", self.seed, minimum=0)
-        check_int("epoch", self.epoch, minimum=0)
+        check_seed("seed", self.seed)
+        check_seed("epoch", self.epoch)
         check_int("world_size", self.world_size, minimum=1)
         check_bool("drop_last", self.drop_last)
         check_int("start", self.start, minimum=0)

@@ -18,14 +18,15 @@ Two ways to assign rows to parts
     The ``m`` rows (the matching rows, in dataset order) are shuffled once by a permutation of
     their positions that only the split's ``seed`` decides (:func:`split_order`: numpy's
     ``Generator(PCG64(SeedSequence(seed, spawn_key=(SPLIT_STREAM,))))``, a stream apart from
-    every epoch's ``SeedSequence([seed, epoch])``, so the loader's ``seed`` never moves a row
-    to another part). The parts take consecutive runs of it, of :func:`split_sizes` rows each.
+    every epoch's (:mod:`lance_prefetch.sampling`, "Seeds"), so the loader's ``seed`` never moves
+    a row to another part). The parts take consecutive runs of it, of :func:`split_sizes` rows each.
     Appending, deleting or filtering rows changes ``m`` and reshuffles every part.
 ``by="<column>"``: **stable under appends; sizes approximate.**
-    Each row's part depends only on its value in that column (integer, string or binary) and
-    the seed (:func:`key_hashes`): a row keeps its part when rows are appended or deleted, and
-    rows with equal keys share a part (no document straddles train and validation). A part's
-    size is binomial around ``fraction * m`` (within a few ``sqrt(m * fraction)`` rows).
+    Each row's part depends only on its value in that column (integer, string or binary; or a
+    struct's field of those types, by its dotted path: ``by="meta.doc"``) and the seed
+    (:func:`key_hashes`): a row keeps its part when rows are appended or deleted, and rows with
+    equal keys share a part (no document straddles train and validation). A part's size is
+    binomial around ``fraction * m`` (within a few ``sqrt(m * fraction)`` rows).
 
 Sizes with ``by="position"``: the largest remainder rule
 --------------------------------------------------------
@@ -57,7 +58,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._validate import check_int
+from ._seeds import SPLIT_STREAM, seed_sequence
+from ._validate import check_int, check_seed
 from .permutation import _M1, _M2, index_dtype
 
 __all__ = [
@@ -73,8 +75,6 @@ __all__ = [
 
 #: The ``by`` of a split by position in a seeded permutation (exact sizes).
 BY_POSITION = "position"
-#: The ``spawn_key`` of the split's random stream: never one of an epoch's permutation.
-SPLIT_STREAM = 0x53504C54  # "SPLT"
 
 _P = np.uint64(0x100000001B3)
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -92,21 +92,22 @@ class Split:
             ``(0, 1]``, summing to 1 (within 1e-9); stored sorted by name (the order parts are
             laid out in). To leave rows out, name a part for them and do not read it.
         name (str): the part to read, one of ``fractions``.
-        seed (int, optional): the split's own seed, ``>= 0``, independent of the loader's
-            ``seed`` (which shuffles epochs): the same on every rank, in every script that reads
-            a part. Default: ``0``.
+        seed (int, optional): the split's own seed, in ``[0, 2**64)``, independent of the
+            loader's ``seed`` (which shuffles epochs): the same on every rank, in every script
+            that reads a part. Default: ``0``.
         by (str, optional): ``"position"``: exact sizes (:func:`split_sizes`), by position in a
             seeded permutation of the rows, changed by any change to the rows; or the name of an
-            integer, string or binary column: each row's part from a hash of its value (stable
-            under appends, equal keys in one part, sizes approximate). Default: ``"position"``
+            integer, string or binary column, or a dotted path to such a field of a struct
+            column (``"meta.doc"``, as ``columns`` takes): each row's part from a hash of its
+            value (stable under appends, equal keys in one part, sizes approximate). Default: ``"position"``
             (so a column named ``position`` cannot be the key: rename it, e.g. with
             ``add_columns``).
 
     Raises:
         TypeError: a field has the wrong type.
         ValueError: no parts, a fraction outside ``(0, 1]``, fractions that do not sum to 1, a
-            ``name`` that is not a part, a negative ``seed``, an empty ``by`` (each message names
-            the field and the fix).
+            ``name`` that is not a part, a ``seed`` outside ``[0, 2**64)``, an empty ``by`` (each
+            message names the field and the fix).
     """
 
     fractions: Mapping[str, float]
@@ -123,7 +124,7 @@ class Split:
                 f"Split name={self.name!r} is not one of the parts {list(self.fractions)}; pass "
                 f"one of them (every part is read by its own loader)"
             )
-        object.__setattr__(self, "seed", check_int("Split seed", self.seed, minimum=0))
+        object.__setattr__(self, "seed", check_seed("Split seed", self.seed))
         if not isinstance(self.by, str):
             raise TypeError(
                 f"Split by should be 'position' or a column name (str), but got by={self.by!r}"
@@ -172,7 +173,7 @@ def split_order(num_rows: int, seed: int) -> np.ndarray:
     """The split's permutation of positions ``0 .. num_rows-1`` (``by="position"``): numpy's
     ``Generator(PCG64(SeedSequence(seed, spawn_key=(SPLIT_STREAM,)))).shuffle`` of them, dtype
     :func:`~lance_prefetch.permutation.index_dtype` ``(num_rows)`` (4 bytes a row below 2**32)."""
-    sequence = np.random.SeedSequence(seed, spawn_key=(SPLIT_STREAM,))
+    sequence = seed_sequence(seed, SPLIT_STREAM)
     order = np.arange(num_rows, dtype=index_dtype(num_rows))
     np.random.Generator(np.random.PCG64(sequence)).shuffle(order)
     return order
@@ -202,7 +203,7 @@ def key_hashes(keys: pa.Array | pa.ChunkedArray, seed: int) -> np.ndarray:
     Args:
         keys (pyarrow.Array | pyarrow.ChunkedArray): integer, string or binary values (large
             variants too), without nulls.
-        seed (int): the split's seed, ``>= 0``.
+        seed (int): the split's seed, in ``[0, 2**64)``.
 
     Returns:
         numpy.ndarray: shape ``(len(keys),)``, ``uint64``.
@@ -211,7 +212,7 @@ def key_hashes(keys: pa.Array | pa.ChunkedArray, seed: int) -> np.ndarray:
         TypeError: the keys are of another type.
         ValueError: a key is null.
     """
-    seed = check_int("seed", seed, minimum=0)
+    seed = check_seed("seed", seed)
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     if keys.null_count:

@@ -2,31 +2,30 @@
 
 Pure code: no Lance, no I/O. A state is JSON-serializable and a few hundred bytes::
 
-    {"format_version": 1, "uri": "s3://bucket/train.lance", "version": 7, "num_rows": 1003,
-     "seed": 0, "batch_size": 10, "drop_last": True, "world_size": 2, "epoch": 1, "position": 34}
+    {"format_version": 5, "uri": "s3://bucket/train.lance", "version": 7, "num_rows": 1003,
+     "seed": 0, "batch_size": 10, "drop_last": True, "world_size": 2, "epoch": 1, "position": 34,
+     "permutation": "array", "filter": None, "split": None, "datasets": None, "weights": None}
 
 ``position`` counts the global batches of ``epoch`` (over all ranks) delivered to the training loop
 before the next one; see :mod:`lance_prefetch.sampling` for how a plan resumes from it, also with
 another ``world_size``.
 
-A loader whose permutation is ``"lazy"`` (:mod:`lance_prefetch.permutation`) saves format 2: the
-same fields and ``"permutation": "lazy"``, so that versions before the lazy kind refuse the state
-rather than resume it in another order. An ``"array"`` loader still saves format 1, as before (the
-kind is then ``"array"``, the only one format 1 knew); both formats load.
+``permutation`` is the kind of the epoch's order (:mod:`lance_prefetch.permutation`):
+``"array"``, ``"lazy"``, or ``"identity"`` for ``shuffle=False``. ``filter`` (the predicate) and
+``split`` (the :meth:`~lance_prefetch.splits.Split.to_state` dict) say which rows a loader reads
+(``None``: every row); its ``num_rows`` and ``position`` count the selected rows. ``datasets``
+lists each dataset of a list ``source`` as ``{"uri", "version", "num_rows"}``, in order
+(``"uri"`` and ``"version"`` are then the first one's), and ``weights`` a mixture's normalised
+proportions (``None`` for a concatenation); both are ``None`` for one dataset. A state loads only
+into a loader with the same values of :data:`MATCHED` (``allow_version_change`` lets versions
+differ); the refusal names each that differs (for several datasets, the first dataset that
+differs).
 
-A loader that reads part of the dataset (``filter=`` or ``split=``) saves format 3: format 2's
-fields and ``"filter"`` (the predicate, or ``None``) and ``"split"`` (the
-:meth:`~lance_prefetch.splits.Split.to_state` dict, or ``None``); its ``num_rows`` and
-``position`` count the selected rows. A state loads only into a loader with the same filter and
-split (the refusal names them), and versions before format 3 refuse it rather than resume it
-over the whole dataset. Formats 1 and 2 stand for ``filter=None, split=None``.
-
-A loader over several datasets (a list ``source``) saves format 4: format 3's fields and
-``"datasets"`` (each dataset's ``{"uri", "version", "num_rows"}``, in order; ``"uri"`` and
-``"version"`` are the first one's) and ``"weights"`` (a mixture's normalised proportions, or
-``None`` for a concatenation). It loads only into a loader over the same datasets, in the same
-order, at the same versions (``allow_version_change`` lets versions differ), with the same
-weights; the refusal names the first dataset that differs.
+Formats 1 to 4 were saved by lance-prefetch versions before the seed rule of
+:mod:`lance_prefetch.sampling` ("Seeds"), whose permutations differ from this version's: such a
+state is refused (``ValueError``) rather than resumed in another order, which would deliver some
+rows twice and others never. Start that epoch afresh: call ``loader.set_epoch(state["epoch"])``
+instead of ``load_state_dict``.
 
 A state saved inside a DataLoader worker process (torchdata's ``StatefulDataLoader`` asks each
 worker for its dataset's state) also has ``"worker": {"id": w, "num_workers": K, "start": S}``: it
@@ -66,12 +65,11 @@ __all__ = [
     "state_from_dataloader",
 ]
 
-#: The newest state layout, stored as ``"format_version"``: 2 adds ``"permutation"``, 3
-#: ``"filter"`` and ``"split"``, 4 ``"datasets"`` and ``"weights"`` (see above).
-FORMAT_VERSION = 4
-_FORMATS = (1, 2, 3, 4)
-_PART_OF = ("filter", "split")  # format 3's fields
-_SEVERAL = ("datasets", "weights")  # format 4's
+#: The state layout, stored as ``"format_version"``; 1 to 4 are refused (see above).
+FORMAT_VERSION = 5
+_EARLIER = (1, 2, 3, 4)  # formats saved with the permutations of SeedSequence([seed, epoch])
+_PART_OF = ("filter", "split")
+_FIELDS = ("permutation", *_PART_OF, "datasets", "weights")  # beyond _TYPES, each may be None
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "format_version": int,
@@ -112,15 +110,9 @@ def make_state(
     datasets: list[Mapping[str, Any]] | None = None,
     weights: list[float] | None = None,
 ) -> dict[str, Any]:
-    """A state dict in the layout above (``worker`` only for a DataLoader worker's share; format 2
-    with ``"permutation"`` only for a ``"lazy"`` one; format 3 with ``"filter"`` and ``"split"``
-    only for part of a dataset; format 4 with ``"datasets"`` and ``"weights"`` only for
-    several)."""
-    several = datasets is not None
-    part = filter is not None or split is not None or several
-    kind = 4 if several else 3 if part else 1 if permutation == "array" else 2
-    state: dict[str, Any] = {
-        "format_version": kind,
+    """A state dict in the layout above (``worker`` only for a DataLoader worker's share)."""
+    return {
+        "format_version": FORMAT_VERSION,
         "uri": uri,
         "version": version,
         "num_rows": num_rows,
@@ -130,17 +122,13 @@ def make_state(
         "world_size": world_size,
         "epoch": epoch,
         "position": position,
+        "permutation": permutation,
+        "filter": filter,
+        "split": None if split is None else dict(split),
+        "datasets": None if datasets is None else [dict(d) for d in datasets],
+        "weights": None if weights is None else list(weights),
+        **({} if worker is None else {"worker": dict(worker)}),
     }
-    if permutation != "array" or part:
-        state["permutation"] = permutation
-    if part:
-        state["filter"], state["split"] = filter, None if split is None else dict(split)
-    if several:
-        state["datasets"] = [dict(d) for d in datasets]  # type: ignore[union-attr]
-        state["weights"] = None if weights is None else list(weights)
-    if worker is not None:
-        state["worker"] = dict(worker)
-    return state
 
 
 def check_state(
@@ -158,7 +146,8 @@ def check_state(
 
     Raises:
         TypeError: ``state`` is not a mapping, or a field has the wrong type.
-        ValueError: a field is missing or out of range, the layout version is unknown, or the state
+        ValueError: a field is missing or out of range, the layout version is unknown or
+            earlier than :data:`FORMAT_VERSION` (another version's permutations), or the state
             belongs to another dataset, version, filter, split, seed, batch size, ``drop_last``
             or permutation kind (the message names each mismatch with both values).
     """
@@ -178,51 +167,56 @@ def check_state(
         value = state[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TypeError(f"state[{key!r}] should be {kind.__name__}, but got {value!r}")
-    if state["format_version"] not in _FORMATS:
+    if state["format_version"] in _EARLIER:
+        raise ValueError(
+            f"state['format_version'] is {state['format_version']}: the state was saved by an "
+            f"earlier lance-prefetch, whose permutations differ from this version's (the seed "
+            f"rule of lance_prefetch.sampling), so it cannot resume in the same order; start the "
+            f"epoch afresh: call loader.set_epoch({state['epoch']}) instead of load_state_dict"
+        )
+    if state["format_version"] != FORMAT_VERSION:
         raise ValueError(
             f"state['format_version'] is {state['format_version']}, but this version of "
-            f"lance-prefetch reads formats {', '.join(map(str, _FORMATS))}"
+            f"lance-prefetch reads format {FORMAT_VERSION} (a state saved by a later version "
+            f"needs that version)"
         )
-    needed = {2: ("permutation",), 3: ("permutation", *_PART_OF),
-              4: ("permutation", *_PART_OF, *_SEVERAL)}.get(state["format_version"], ())  # fmt: skip
-    for key in needed:
+    for key in _FIELDS:
         if key not in state:
             raise ValueError(
-                f"state['format_version'] is {state['format_version']}, but state[{key!r}] is "
-                f"missing"
+                f"state['format_version'] is {FORMAT_VERSION}, but state[{key!r}] is missing"
             )
-    if state.get("filter") is not None and not isinstance(state["filter"], str):
+    if state["filter"] is not None and not isinstance(state["filter"], str):
         raise TypeError(f"state['filter'] should be str or None, but got {state['filter']!r}")
-    if state.get("split") is not None and not isinstance(state["split"], Mapping):
+    if state["split"] is not None and not isinstance(state["split"], Mapping):
         raise TypeError(f"state['split'] should be a dict or None, but got {state['split']!r}")
     _check_datasets(state)
-    # format 1 knew only "array"; formats 1 and 2 read whole datasets; 1-3 one dataset
-    saved = {"permutation": "array", "filter": None, "split": None, "datasets": None,
-             "weights": None, **state}  # fmt: skip
-    if saved["permutation"] not in _PERMUTATIONS:
+    if state["permutation"] not in _PERMUTATIONS:
         raise ValueError(
             f"state['permutation'] should be one of {', '.join(map(repr, _PERMUTATIONS))}, but "
-            f"got {saved['permutation']!r}"
+            f"got {state['permutation']!r}"
         )
     matched = [k for k in MATCHED if not (k == "version" and allow_version_change)]
-    several = saved["datasets"] is not None and expected["datasets"] is not None
+    several = state["datasets"] is not None and expected["datasets"] is not None
     mismatches = [
         k
         for k in matched
         if not (k in ("uri", "version") and several)  # compared in "datasets"
-        and not (_same_uri(saved[k], expected[k]) if k == "uri" else _same(k, saved, expected,
-                                                                          allow_version_change))
-    ]  # fmt: skip
+        and not (
+            _same_uri(state[k], expected[k])
+            if k == "uri"
+            else _same(k, state, expected, allow_version_change)
+        )
+    ]
     if mismatches:
         details = "; ".join(
-            _dataset_difference(saved[k], expected[k]) if k == "datasets" and several
-            else f"{k} is {saved[k]!r} in the state but {expected[k]!r} in this loader"
+            _dataset_difference(state[k], expected[k]) if k == "datasets" and several
+            else f"{k} is {state[k]!r} in the state but {expected[k]!r} in this loader"
             for k in mismatches
         )  # fmt: skip
         hint = (
             " (or pass allow_version_change=True to continue on another version)"
             if mismatches == ["version"]
-            else f" (PrefetchLoader(..., permutation={saved['permutation']!r}))"
+            else f" (PrefetchLoader(..., permutation={state['permutation']!r}))"
             if mismatches == ["permutation"]
             else " (the same filter and split: the state's positions count their rows)"
             if set(mismatches) & set(_PART_OF)

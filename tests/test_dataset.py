@@ -299,6 +299,7 @@ def test_rank_from_environment(ids_1003, monkeypatch):
         (dict(batch_size=10, drop_last="yes"), TypeError, "drop_last should be True or False, but got drop_last='yes'"),
         (dict(batch_size=10, transform=3), TypeError, "transform should be callable or None, but got 3"),
         (dict(batch_size=10, seed=-3), ValueError, "seed should be an integer >= 0, but got seed=-3"),
+        (dict(batch_size=10, seed=2**64), ValueError, "seed should be an integer in [0, 2**64), but got seed=18446744073709551616; pass a value below 2**64 (e.g. seed % 2**64)"),
     ],
 )  # fmt: skip
 def test_bad_arguments_are_refused_before_any_io(tmp_path, kwargs, error, message):
@@ -471,7 +472,7 @@ def test_the_sequential_mode_reads_every_row_once_across_ranks_and_workers(ids_1
         PrefetchLoader(ids_1003, 10, shuffle=False, permutation="lazy")
     loader.set_epoch(2)
     state = loader.state_dict()
-    assert state["permutation"] == "identity" and state["format_version"] == 2
+    assert state["permutation"] == "identity" and state["format_version"] == 5
     shuffled = PrefetchLoader(ids_1003, 10, columns=["id"], drop_last=False, rank=2, world_size=3)
     with pytest.raises(ValueError, match=r"permutation is 'identity' in the state but 'array'"):
         shuffled.load_state_dict(state)

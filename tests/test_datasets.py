@@ -73,7 +73,7 @@ def test_local_and_s3_concatenated_read_every_row_once_on_1_and_2_ranks(two):
             seen += [i for batch in got for i in batch]
         assert sorted(seen) == everything  # each (dataset, id) once: ids name their dataset
     state = loader.state_dict()
-    assert state["format_version"] == 4 and state["weights"] is None
+    assert state["format_version"] == 5 and state["weights"] is None
     assert state["datasets"] == [
         {"uri": two[0][0], "version": 1, "num_rows": LOCAL_ROWS},
         {"uri": two[0][1], "version": 1, "num_rows": S3_ROWS},
@@ -171,6 +171,38 @@ def test_weights_take_numpy_numbers_and_arrays(ids_25):
     with pytest.raises(ValueError) as error:  # one weight value is no fix: weights needs a list
         PrefetchLoader(ids_25, 4, weights=[1, 2])
     assert str(error.value).endswith("pass source=[uri_a, uri_b, ...] or leave weights out")
+
+
+def test_huge_and_tiny_weights_normalise_without_overflow(ids_25):
+    """Weights near the float limits are proportions like any others: [1e308, 1e308] and
+    [1e-320, 1e-320] are [0.5, 0.5] (was: OverflowError from the sum, from floor(25 / 1e-320))."""
+    for weights in ([1e308, 1e308], [1e-320, 1e-320], [5e-324, 5e-324]):
+        loader = PrefetchLoader([ids_25, ids_25], 5, weights=weights)
+        assert loader.state_dict()["weights"] == [0.5, 0.5] and len(loader) == 10
+    assert epoch_length([1.0, 1e-320], [25, 25]) == 25  # 25 / 1e-320 overflows: no bound
+
+
+@pytest.mark.parametrize(
+    ("weights", "share", "rows"),
+    [
+        ([1, 1e-12], "1e-12", "2.5e-11"),
+        ([1, 1e-320], "1e-320", "2.5e-319"),
+        ([1e308, 1e-300], "0", "0"),
+        ([1, 0.02], "0.0196", "0.49"),
+    ],
+)
+def test_a_weight_that_leaves_a_dataset_no_row_is_refused(ids_25, weights, share, rows):
+    """Was: [1, 1e-12] read dataset 1 zero rows every epoch, silently; [1, 1e-320] raised a bare
+    OverflowError."""
+    with pytest.raises(ValueError) as info:
+        PrefetchLoader([ids_25, ids_25], 5, weights=weights)
+    assert str(info.value) == (
+        f"weights: source[1] ({ids_25!r}) would give no row to any epoch: weights[1] is {share} "
+        f"of the weights' sum, and an epoch of the mixture holds 25 rows (25 * {share} = {rows} "
+        f"rows, rounded to 0); raise weights[1] to at least 1/25 of the weights' sum, or leave "
+        f"source[1] out"
+    )
+    assert len(PrefetchLoader([ids_25, ids_25], 5, weights=[24, 1])) == 5  # 1/25: one row
 
 
 def test_lists_of_options_must_match_the_list_of_datasets(ids_25):

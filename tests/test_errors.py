@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import write_ids
-from support.helpers import WORKERS, batch_ids, collect, stopping
+from support.helpers import WORKERS, batch_ids, collect, epoch_sequence, stopping
 from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, LanceMapDataset, PrefetchLoader, Split, collate
@@ -43,9 +43,10 @@ AT_ONCE = 1.0
 
 
 def permutation(num_rows: int, seed: int = 0, epoch: int = 0) -> list[int]:
-    """The documented rule (docs/design.md, sampling rule 1), computed here without the library."""
+    """The documented rule (lance_prefetch.sampling, rule 1 and "Seeds"), computed here without
+    the library."""
     rows = np.arange(num_rows)
-    np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch]))).shuffle(rows)
+    np.random.Generator(np.random.PCG64(epoch_sequence(seed, epoch))).shuffle(rows)
     return rows.tolist()
 
 

@@ -17,7 +17,7 @@ PRIVATE = [
     "_audit", "_bitset", "_blocking", "_budget", "_cache", "_cache_files", "_cli", "_coalesce",
     "_config", "_coverage", "_demo", "_device", "_direct",
     "_epochs", "_errors", "_exit_guard", "_facade", "_filling", "_frameworks", "_gathered", "_interrupts", "_iteration", "_loader", "_mapstyle", "_memory_cache", "_mixture", "_multi",
-    "_hedging", "_periods", "_positions", "_prefetcher", "_projection", "_ranks", "_sequences", "_shutdown", "_slots",
+    "_hedging", "_periods", "_positions", "_prefetcher", "_projection", "_ranks", "_seeds", "_sequences", "_shutdown", "_slots",
     "_source", "_subset", "_storage", "_telemetry", "_tuning", "_uris", "_validate", "_versions", "_bench",
     "_bench.config",
     "_bench.contenders", "_bench.data", "_bench.latency_proxy", "_bench.local_s3",

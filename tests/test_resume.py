@@ -47,7 +47,7 @@ def test_state_is_a_small_plain_dict(ids_1003):
     take(iterator, 7)
     state = loader.state_dict()
     assert state == {
-        "format_version": 1,
+        "format_version": 5,
         "uri": loader.uri,
         "version": loader.version,
         "num_rows": 1003,
@@ -57,10 +57,33 @@ def test_state_is_a_small_plain_dict(ids_1003):
         "world_size": 2,
         "epoch": 4,
         "position": 14,  # 7 batches on each of 2 ranks
+        "permutation": "array",
+        "filter": None,
+        "split": None,
+        "datasets": None,
+        "weights": None,
     }
     encoded = json.dumps(state)
     assert json.loads(encoded) == state and len(encoded) < 1024
     iterator.close()
+
+
+@pytest.mark.parametrize("format_version", [1, 2, 3, 4])
+def test_a_state_of_an_earlier_version_is_refused(ids_1003, format_version):
+    """Formats 1 to 4 were saved with the permutations of SeedSequence([seed, epoch]), which
+    this version no longer makes: refused, with the fix, rather than resumed in another order."""
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], seed=3)
+    fields = {1: 10, 2: 11, 3: 13, 4: 15}[format_version]  # the fields that format held
+    state = dict(list(loader.state_dict().items())[:fields], format_version=format_version)
+    state["epoch"], state["position"] = 2, 40
+    with pytest.raises(ValueError) as info:
+        loader.load_state_dict(state)
+    assert str(info.value) == (
+        f"state['format_version'] is {format_version}: the state was saved by an earlier "
+        f"lance-prefetch, whose permutations differ from this version's (the seed rule of "
+        f"lance_prefetch.sampling), so it cannot resume in the same order; start the epoch "
+        f"afresh: call loader.set_epoch(2) instead of load_state_dict"
+    )
 
 
 def test_position_counts_batches_delivered_not_read_ahead(ids_1003, permutation_kind):
@@ -302,7 +325,9 @@ def test_another_version_needs_the_explicit_opt_in(ids_1003, fresh_ids):
     ("change", "error", "message"),
     [
         (lambda s: s.pop("position"), ValueError, "state is missing position; pass a dict"),
-        (lambda s: s.update(format_version=2), ValueError, "state['format_version'] is 2"),
+        (lambda s: s.update(format_version=2), ValueError, "state['format_version'] is 2: the state was saved by an earlier lance-prefetch"),
+        (lambda s: s.update(format_version=6), ValueError, "state['format_version'] is 6, but this version of lance-prefetch reads format 5"),
+        (lambda s: s.pop("weights"), ValueError, "state['format_version'] is 5, but state['weights'] is missing"),
         (lambda s: s.update(epoch=-1), ValueError, "state['epoch'] should be >= 0, but got -1"),
         (lambda s: s.update(position=1.5), TypeError, "state['position'] should be int, but got 1.5"),
         (lambda s: s.update(position=101), ValueError, "state['position']=101 is past the end of any epoch of 1003 rows in batches of 10 with drop_last=True (at most 100 global batches)"),

@@ -7,8 +7,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from support.helpers import epoch_sequence
 
+from lance_prefetch._mixture import dataset_seed
+from lance_prefetch.permutation import LazyPermutation, make_permutation
 from lance_prefetch.sampling import EpochPlan, epoch_permutation, index_dtype
+from lance_prefetch.splits import split_order
 
 
 def rank_rows(plan: EpochPlan, rank: int) -> list[list[int]]:
@@ -34,10 +38,10 @@ def test_permutation_depends_on_seed_and_epoch_only():
     orders = {tuple(epoch_permutation(1000, seed=7, epoch=e)) for e in range(3)}
     orders.add(tuple(epoch_permutation(1000, seed=8, epoch=0)))
     assert len(orders) == 4
-    # The order is the one numpy's PCG64 stream gives for SeedSequence([seed, epoch]):
-    # reproducible on any machine from the two integers alone.
+    # The order is the one numpy's PCG64 stream gives for the epoch's SeedSequence (the module
+    # docstring's "Seeds"): reproducible on any machine from the two integers alone.
     reference = np.arange(1000, dtype=np.uint16)
-    np.random.Generator(np.random.PCG64(np.random.SeedSequence([7, 0]))).shuffle(reference)
+    np.random.Generator(np.random.PCG64(epoch_sequence(7, 0))).shuffle(reference)
     assert np.array_equal(first, reference)
 
 
@@ -320,3 +324,70 @@ def test_shuffle_false_resumes_from_a_position_on_other_ranks():
     assert (
         sorted(ids) == list(range(12, 23)) and rest.batches_of(0) == 2 and rest.batches_of(1) == 1
     )
+
+
+# -- seeds: every (seed, epoch) its own order --------------------------------------------------
+#: Pairs that ``SeedSequence([seed, epoch])`` (the rule before "Seeds") gave one entropy: it drops
+#: each integer's high zero words and pads short entropies with zeros, so ``2**32 + 7, 0`` and
+#: ``7, 1`` were both the words ``[7, 1]``.
+COLLIDED = [
+    ((2**32 + 7, 0), (7, 1)),
+    ((2**32, 5), (0, 5 * 2**32 + 1)),
+    ((2**63, 0), (0, 2**31)),
+    ((7 * 2**32 + 2**32 - 1, 0), (2**32 - 1, 7)),
+]
+
+
+@pytest.mark.parametrize("kind", ["array", "lazy"])
+@pytest.mark.parametrize(("first", "second"), COLLIDED)
+def test_pairs_whose_words_collided_give_different_orders(kind, first, second):
+    orders = [
+        np.asarray(make_permutation(kind, 1000, seed, epoch)) for seed, epoch in (first, second)
+    ]
+    assert not np.array_equal(*orders)
+    assert np.array_equal(np.sort(orders[0]), np.arange(1000))
+
+
+@pytest.mark.parametrize("kind", ["array", "lazy"])
+def test_every_seed_and_epoch_of_small_words_gives_its_own_order(kind):
+    """Seeds and epochs of two 32-bit words, each in 0..3 (zero words included): 256 pairs, 256
+    distinct orders of 1,000 rows (the rule before "Seeds" gave 208: 48 pairs had another's
+    order)."""
+    small = [low + 2**32 * high for low in range(4) for high in range(4)]
+    orders = {
+        tuple(np.asarray(make_permutation(kind, 1000, seed, epoch)).tolist())
+        for seed in small
+        for epoch in small
+    }
+    assert len(orders) == len(small) ** 2
+
+
+def test_a_seed_or_epoch_beyond_64_bits_is_refused():
+    for call in (
+        lambda: EpochPlan(num_rows=10, batch_size=2, seed=2**64),
+        lambda: epoch_permutation(10, 2**64, 0),
+        lambda: LazyPermutation(10, 2**64, 0),
+    ):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value) == (
+            "seed should be an integer in [0, 2**64), but got seed=18446744073709551616; pass a "
+            "value below 2**64 (e.g. seed % 2**64)"
+        )
+    with pytest.raises(ValueError, match=r"^epoch should be an integer in \[0, 2\*\*64\), but"):
+        EpochPlan(num_rows=10, batch_size=2, epoch=2**64)
+    assert EpochPlan(num_rows=10, batch_size=2, seed=2**64 - 1).permutation.shape == (10,)
+
+
+def test_the_mixture_and_split_streams_follow_the_rule():
+    """A mixture's dataset seed and a split's order, from the words "Seeds" states (the split's
+    are those of SeedSequence(seed, spawn_key=(SPLIT_STREAM,)), so splits keep their parts)."""
+    seed = 2**32 + 9
+    words = np.array([9, 1, 0, 0, 0x4D495854, 3, 0], dtype=np.uint32)
+    expected = np.random.SeedSequence(words).generate_state(1, np.uint64)[0]
+    assert dataset_seed(seed, 3) == int(expected)
+    assert dataset_seed(seed, 3) != dataset_seed(9, 3) != dataset_seed(seed, 4)
+    reference = np.arange(500, dtype=np.uint16)
+    sequence = np.random.SeedSequence(seed, spawn_key=(0x53504C54,))
+    np.random.Generator(np.random.PCG64(sequence)).shuffle(reference)
+    assert np.array_equal(split_order(500, seed), reference)

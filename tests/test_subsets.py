@@ -192,11 +192,45 @@ def test_a_filter_matching_nothing_is_refused(holey):
     )
 
 
+@pytest.mark.parametrize("predicate", ["true", "1 = 1", "TRUE AND 2 > 1"])
+def test_a_constant_true_filter_reads_every_row_as_no_filter_does(holey, predicate):
+    """Lance folds a constant to a literal that names no column and refuses a scan of no
+    column (was: 'Not supported: Scans must request at least one column ... scanner.rs:...')."""
+    loader = PrefetchLoader(holey, 10, columns=["id"], filter=predicate, seed=4)
+    whole = PrefetchLoader(holey, 10, columns=["id"], seed=4)
+    assert loader.num_rows == whole.num_rows == 567
+    assert np.array_equal(loader.row_offsets, np.arange(567))
+    assert collect(loader, epoch=1) == collect(whole, epoch=1)
+
+
+@pytest.mark.parametrize("predicate", ["false", "1 = 0"])
+def test_a_constant_false_filter_matches_no_row(holey, predicate):
+    with pytest.raises(ValueError) as info:
+        PrefetchLoader(holey, 10, filter=predicate)
+    assert str(info.value) == (
+        f"filter={predicate!r} matches no row of {holey!r} version 3 (567 rows); check the "
+        f"predicate's columns and values (strings in single quotes), or leave filter out"
+    )
+
+
+def test_lances_refusal_is_quoted_without_its_rust_source_path(holey):
+    with pytest.raises(ValueError) as info:
+        PrefetchLoader(holey, 10, filter="label = ")
+    assert str(info.value) == (
+        "filter='label = ' was refused by Lance: Invalid user input: Expression is not valid: "
+        "label =. It must be a Lance SQL predicate over the dataset's columns ['id', 'vector', "
+        "'label'], as LanceDataset.scanner(filter=...) takes"
+    )
+    with pytest.raises(ValueError) as info:  # a constant that is no predicate: named as one
+        PrefetchLoader(holey, 10, filter="1")
+    assert str(info.value).startswith("filter='1' is not a predicate: Lance evaluates it to int64")
+
+
 @pytest.mark.parametrize(
     ("predicate", "error", "start"),
     [
         ("label = ", ValueError, "filter='label = ' was refused by Lance: Invalid user input: "
-                                 "Expression is not valid: label = "),
+                                 "Expression is not valid: label =. It must"),
         ("colour = 'red'", ValueError, "filter=\"colour = 'red'\" was refused by Lance: Invalid "
                                        "user input: Schema error: No field named colour."),
         ("_rowid < 9", ValueError, "filter='_rowid < 9' was refused by Lance: Invalid user "
@@ -214,7 +248,7 @@ def test_a_filter_matching_nothing_is_refused(holey):
 def test_a_bad_filter_is_refused_naming_it_and_lances_message(holey, predicate, error, start):
     with pytest.raises(error) as info:
         PrefetchLoader(holey, 10, filter=predicate)
-    assert str(info.value).startswith(start)
+    assert str(info.value).startswith(start) and ".rs:" not in str(info.value)
     if "refused by Lance" in start:
         assert str(info.value).endswith(
             "It must be a Lance SQL predicate over the dataset's columns ['id', 'vector', "
@@ -233,7 +267,7 @@ def test_the_state_records_the_filter_and_split_and_refuses_others(holey):
     split = Split(fractions=FRACTIONS, name="validation", seed=2)
     loader = PrefetchLoader(holey, 5, columns=["id"], filter=FILTER, split=split)
     state = json.loads(json.dumps(loader.state_dict()))
-    assert state["format_version"] == 3 and state["num_rows"] == 45  # 0.2 of 227 = 45.4
+    assert state["format_version"] == 5 and state["num_rows"] == 45  # 0.2 of 227 = 45.4
     assert state["filter"] == FILTER
     assert state["split"] == {
         "fractions": [["test", 0.1], ["train", 0.7], ["validation", 0.2]],
@@ -264,7 +298,7 @@ def test_the_state_records_the_filter_and_split_and_refuses_others(holey):
         whole.load_state_dict(state)
     with pytest.raises(ValueError, match=r"^state does not match this loader: filter is None in "
                        r"the state but 'label < 4' in this loader; split is None"):  # fmt: skip
-        loader.load_state_dict(whole.state_dict())  # a format 1 state: the whole dataset
+        loader.load_state_dict(whole.state_dict())  # a state of the whole dataset
 
 
 # -- splits ---------------------------------------------------------------------------------------
@@ -353,6 +387,69 @@ def test_a_key_split_keeps_every_rows_part_when_rows_are_appended(tmp_path):
     assert 40 <= len(after["validation"]) <= 120  # binomial around 80
 
 
+def test_a_key_split_takes_a_struct_field_by_its_path(tmp_path):
+    """``by="meta.doc"`` (as ``columns`` and ``filter`` name a struct's field; was refused as no
+    such column): the parts are the documented hash of each row's ``meta.doc``, exactly those
+    of a top-level copy of it, disjoint, covering every row; rows of a document share a part.
+    A path that names no field, or goes through a non-struct, is refused naming it; a row whose
+    struct is null has a null key, refused with the filter that leaves it out."""
+    ids = np.arange(300)
+    docs = ids // 3  # three rows a document
+
+    def write(name: str, null: int | None = None) -> str:
+        fields = [pa.array(docs), pa.array([f"t{d}" for d in docs])]
+        meta = pa.StructArray.from_arrays(
+            fields, names=["doc", "title"], mask=pa.array(ids == null)
+        )
+        uri = str(tmp_path / name)
+        lance.write_dataset(pa.table({"id": ids, "doc": docs, "meta": meta}), uri)
+        return uri
+
+    uri, holed = write("docs.lance"), write("holed.lance", null=7)
+
+    def loader(name: str, by: str, source: str = uri, **options) -> PrefetchLoader:
+        split = Split(fractions={"train": 0.7, "validation": 0.3}, name=name, seed=5, by=by)
+        return PrefetchLoader(source, 4, columns=["id", "meta.doc"], split=split, **options)
+
+    def by_hash(keys: list, name: str) -> list[int]:
+        split = Split(fractions={"train": 0.7, "validation": 0.3}, name=name, seed=5, by="x")
+        return np.flatnonzero(key_parts(key_hashes(pa.array(keys), 5), split)).tolist()
+
+    parts = {
+        name: loader(name, "meta.doc").row_offsets.tolist() for name in ("train", "validation")
+    }
+    assert parts == {name: by_hash(docs, name) for name in parts}
+    assert parts["validation"] == loader("validation", "doc").row_offsets.tolist()
+    assert sorted(parts["train"] + parts["validation"]) == ids.tolist()
+    assert set(docs[parts["validation"]]).isdisjoint(docs[parts["train"]])
+    batches = collect(loader("validation", "meta.doc", shuffle=False, drop_last=False))
+    assert sorted(flat(batches)) == parts["validation"]  # ids are offsets here
+    titles = [f"t{d}" for d in docs]
+    assert loader("train", "meta.title").row_offsets.tolist() == by_hash(titles, "train")
+    with pytest.raises(ValueError) as info:
+        loader("train", "meta.nope")
+    assert str(info.value) == (
+        f"split by='meta.nope': no such field in {uri!r} version 1: the struct 'meta' has the "
+        f"fields ['doc', 'title']"
+    )
+    with pytest.raises(ValueError) as info:
+        loader("train", "id.doc")
+    assert str(info.value) == (
+        f"split by='id.doc': 'id' in {uri!r} version 1 has type int64, not a struct; name 'id' "
+        f"itself or another column"
+    )
+    with pytest.raises(ValueError, match=r"^split by='meta': the column is struct<doc: int64, "):
+        loader("train", "meta")
+    with pytest.raises(ValueError) as info:  # row 7's struct is null: so is its key
+        loader("train", "meta.doc", holed)
+    assert str(info.value) == (
+        "split by='meta.doc': 1 selected rows have a null meta.doc; leave them out with "
+        "filter='meta.doc IS NOT NULL'"
+    )
+    kept = loader("validation", "meta.doc", holed, filter="meta.doc IS NOT NULL")
+    assert kept.row_offsets.tolist() == [i for i in parts["validation"] if i != 7]
+
+
 def test_key_hashes_are_the_documented_formula():
     """The hash written out in :mod:`lance_prefetch.splits`, computed here in Python integers."""
     mask = 2**64 - 1
@@ -397,12 +494,13 @@ def test_key_hashes_are_the_documented_formula():
         ({"fractions": [0.9, 0.1]}, TypeError, "Split fractions should be a mapping of part "
                                                "names to fractions, such as {'train': 0.9, 'validation': 0.1}, but got fractions=[0.9, 0.1]"),
         ({"seed": -1}, ValueError, "Split seed should be an integer >= 0, but got Split seed=-1"),
+        ({"seed": 2**64}, ValueError, "Split seed should be an integer in [0, 2**64), but got Split seed=18446744073709551616; pass a value below 2**64 (e.g. Split seed % 2**64)"),
         ({"by": ""}, ValueError, "Split by should be 'position' or a column name, but got by=''"),
         ({"fractions": {"train": 0.9 + 4e-9, "validation": 0.1}}, ValueError,
          "Split fractions should sum to 1, but {'train': 0.900000004, 'validation': 0.1} sum "
          "to 1.000000004; lower the fractions"),
     ],
-    ids=["sum", "name", "zero", "not-a-mapping", "seed", "by", "sum-above-one"],
+    ids=["sum", "name", "zero", "not-a-mapping", "seed", "seed-64", "by", "sum-above-one"],
 )  # fmt: skip
 def test_a_bad_split_is_refused_naming_the_field(options, error, message):
     fields = {"fractions": {"train": 0.9, "validation": 0.1}, "name": "train", **options}

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -36,6 +37,15 @@ stops_workers_mid_epoch = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <function _MultiProcessingDataLoaderIter.__del__"
     ":pytest.PytestUnraisableExceptionWarning"
 )
+
+
+def epoch_sequence(seed: int, epoch: int) -> np.random.SeedSequence:
+    """The ``SeedSequence`` of epoch ``epoch``'s permutation as ``lance_prefetch.sampling``'s
+    docstring ("Seeds") states it, computed here without the library: the ``uint32`` words
+    ``[seed lo, seed hi, 0, 0, 0x45504F43, epoch lo, epoch hi]``."""
+    low, high = 0xFFFFFFFF, 32
+    words = [seed & low, seed >> high, 0, 0, 0x45504F43, epoch & low, epoch >> high]
+    return np.random.SeedSequence(np.array(words, dtype=np.uint32))
 
 
 @contextlib.contextmanager
