@@ -22,6 +22,12 @@ the device early). A checkpoint must record what the step consumed, not what the
 out, so :func:`find_read_ahead` recognises these wrappers among the callers of an iteration's
 first ``next()`` and returns a :class:`ReadAhead` that tells, when a state is saved, how many of
 the batches the loader delivered the wrapper still holds.
+
+With DataLoader workers the batches are counted in the workers' own states, which a torchdata
+``StatefulDataLoader`` snapshots as it hands each batch out: the batch Ray's wrapper holds is
+counted there, and no state saved later can tell. :func:`workers_read_ahead_by` recognises the
+wrapper among the callers when the loader is pickled for the workers (the wrapper's ``iter()``
+starts them), so that their states carry a mark that refuses them (:mod:`lance_prefetch.state`).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ __all__ = [
     "find_read_ahead",
     "pass_through",
     "reads_every_rank",
+    "workers_read_ahead_by",
 ]
 
 #: Frames looked through for Accelerate's wrapper (DataLoader and its iterator sit between).
@@ -96,9 +103,13 @@ class ReadAhead:
 
     Attributes:
         name (str): the wrapper, in words, for messages.
+        counted_in_workers (bool): a state a ``StatefulDataLoader`` over DataLoader workers
+            snapshots between steps counts the batches this wrapper holds (Ray's wrapper); not
+            for Accelerate's wrappers, whose own snapshot is taken before they pull.
     """
 
     name = "a wrapper"
+    counted_in_workers = False
 
     def __init__(self, wrapper: Any) -> None:
         self.wrapper = wrapper
@@ -122,6 +133,7 @@ class _RayWrapper(ReadAhead):
     one batch, none once the loader is exhausted."""
 
     name = "Ray Train's prepare_data_loader wrapper"
+    counted_in_workers = True
 
     def held(self, delivered: int) -> int:
         return min(delivered, 0 if self.wrapper.next_batch is None else 1)
@@ -178,6 +190,14 @@ def find_read_ahead(dataset: Any) -> ReadAhead | None:
             if isinstance(caller, cls) and _reads(caller, dataset):
                 return kind(caller)
     return None
+
+
+def workers_read_ahead_by(dataset: Any) -> str | None:
+    """The name of the known wrapper, among the callers of the current call (the pickling of
+    ``dataset`` for DataLoader workers), whose held batches the workers' states would count
+    (:attr:`ReadAhead.counted_in_workers`), or ``None``."""
+    ahead = find_read_ahead(dataset)
+    return ahead.name if ahead is not None and ahead.counted_in_workers else None
 
 
 def _reads(wrapper: Any, dataset: Any) -> bool:
