@@ -59,13 +59,13 @@ def train_loop(config: dict) -> None:
         optimizer.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["data"])
         step, first_epoch = saved["step"], saved["data"]["epoch"]
-    data = loader
+    batches = loader
     if config["prepare_data_loader"]:  # an iterable: no sampler; batches moved to the device
-        data = prepare_data_loader(DataLoader(loader, batch_size=None))
+        batches = prepare_data_loader(DataLoader(loader, batch_size=None))
     record = open(config["record"].format(rank=rank), "a") if config.get("record") else None
     for epoch in range(first_epoch, config["epochs"]):
         loader.set_epoch(epoch)  # keeps a resumed position in its epoch
-        for batch in data:
+        for batch in batches:
             loss = nn.functional.cross_entropy(model(batch["features"]), batch["label"])
             optimizer.zero_grad()
             loss.backward()
