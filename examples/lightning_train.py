@@ -9,10 +9,14 @@ What it shows (docs/frameworks.md explains each):
   ``--build-in-init``, in the DataModule's ``__init__``, as ``ddp_spawn`` users often do): epoch
   ``k`` of ``trainer.fit`` reads permutation ``k`` on each rank's share.
 - Lightning saves the loader's ``state_dict()`` in its checkpoints and loads it on a mid-epoch
-  resume; ``LoaderEpochs`` sets the epoch Lightning is at, which a run resumed from an
-  end-of-epoch checkpoint needs (Lightning loads no loader state there): either way it reads the
-  batches the uninterrupted run reads. ``--stateful`` wraps the loader in torchdata's
-  ``StatefulDataLoader`` instead.
+  resume; it sets the epoch it is at through the loader's ``sampler`` as each epoch starts, which
+  a run resumed from an end-of-epoch checkpoint needs (Lightning loads no loader state there):
+  either way it reads the batches the uninterrupted run reads.
+- ``--wrap stateful`` wraps the loader in torchdata's ``StatefulDataLoader`` (``--wrap
+  dataloader``: a plain ``DataLoader``, whose state Lightning does not save): Lightning cannot
+  reach a wrapped loader's epoch, so the ``LoaderEpochs`` callback sets it (``--loader-epochs
+  on|off`` adds it to a bare loader's run, or leaves it out of a wrapped one's: a wrapped run
+  then warns).
 - Validation through ``shuffle=False``: every row once per pass across ranks, nothing padded;
   metrics are summed over ranks at the epoch's end (``sync_dist=True``), never per step (a rank
   may have one batch fewer).
@@ -31,6 +35,7 @@ import torch
 from classification_data import CLASSES, COLUMNS, FEATURES, write_dataset
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
+from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
 from lance_prefetch.lightning import LoaderEpochs
@@ -39,9 +44,9 @@ from lance_prefetch.lightning import LoaderEpochs
 class LanceData(L.LightningDataModule):
     """Training batches shuffled every epoch; validation batches in the dataset's order."""
 
-    def __init__(self, uri: str, batch_size: int, *, build_in_init: bool, stateful: bool):
+    def __init__(self, uri: str, batch_size: int, *, build_in_init: bool, wrap: str):
         super().__init__()
-        self.uri, self.batch_size, self.stateful = uri, batch_size, stateful
+        self.uri, self.batch_size, self.wrap = uri, batch_size, wrap
         self.train = self.val = None
         if build_in_init:  # ranks are read where the loader reads (the spawned process)
             self._build()
@@ -55,11 +60,13 @@ class LanceData(L.LightningDataModule):
             self._build()
 
     def train_dataloader(self):
-        if self.stateful:
+        if self.wrap == "stateful":  # mid-epoch resume through the wrapper's state
             from torchdata.stateful_dataloader import StatefulDataLoader
 
             return StatefulDataLoader(self.train, batch_size=None)
-        return self.train
+        if self.wrap == "dataloader":  # no state to save: resumes at epoch boundaries only
+            return DataLoader(self.train, batch_size=None)
+        return self.train  # Lightning sets its epoch (through loader.sampler) and saves its state
 
     def val_dataloader(self):
         return self.val
@@ -116,7 +123,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strategy", default="ddp", help="ddp, ddp_spawn, auto, ...")
     parser.add_argument("--devices", type=int, default=2, help="CPU processes")
     parser.add_argument("--build-in-init", action="store_true", help="loaders built in __init__")
-    parser.add_argument("--stateful", action="store_true", help="wrap in StatefulDataLoader")
+    parser.add_argument(
+        "--wrap",
+        choices=["bare", "dataloader", "stateful"],
+        default="bare",
+        help="return the loader, a DataLoader or a StatefulDataLoader over it",
+    )
+    parser.add_argument(
+        "--loader-epochs",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the LoaderEpochs callback (auto: for a wrapped loader)",
+    )
     parser.add_argument("--checkpoints", default=None, help="default: <uri>.ckpt")
     parser.add_argument("--every-n-steps", type=int, default=None, help="also save mid-epoch")
     parser.add_argument("--resume", default=None, help="a checkpoint to resume from")
@@ -133,10 +151,12 @@ def fit(args: argparse.Namespace) -> None:
     folder = args.checkpoints or args.uri.rstrip("/") + ".ckpt"
     # at the end of every epoch (end-<epoch>.ckpt), and every --every-n-steps steps
     callbacks = [
-        LoaderEpochs(),  # epoch k reads permutation k, also after an end-of-epoch checkpoint
-        ModelCheckpoint(dirpath=folder, filename="end-{epoch}", save_top_k=-1,
-                        save_on_train_epoch_end=True),
-    ]  # fmt: skip
+        ModelCheckpoint(
+            dirpath=folder, filename="end-{epoch}", save_top_k=-1, save_on_train_epoch_end=True
+        ),
+    ]
+    if args.loader_epochs == "on" or (args.loader_epochs == "auto" and args.wrap != "bare"):
+        callbacks.append(LoaderEpochs())  # sets a wrapped loader's epoch (Lightning cannot)
     if args.every_n_steps:
         callbacks.append(ModelCheckpoint(dirpath=folder, filename="step-{step}", save_top_k=-1,
                                          every_n_train_steps=args.every_n_steps))  # fmt: skip
@@ -151,8 +171,7 @@ def fit(args: argparse.Namespace) -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    data = LanceData(args.uri, args.batch_size, build_in_init=args.build_in_init,
-                     stateful=args.stateful)  # fmt: skip
+    data = LanceData(args.uri, args.batch_size, build_in_init=args.build_in_init, wrap=args.wrap)
     trainer.fit(Classifier(args.record), datamodule=data, ckpt_path=args.resume)
 
 

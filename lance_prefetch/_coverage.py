@@ -11,8 +11,11 @@ A plan from global batch ``start`` delivers the permutation's positions ``[a, a 
 start * batch_size``, ``D =`` :attr:`~lance_prefetch.sampling.EpochPlan.num_delivered`, each once,
 a position ``q >= num_rows`` standing for ``q % num_rows`` (``drop_last=False`` padding wraps
 around): the rows there once, padded rows once more, the tail after ``a + D`` (``drop_last=True``)
-and the rows before ``a`` (delivered before a mid-epoch resume) not at all. A DataLoader worker
-that resumed its own share (``skip``) leaves out the batches it delivered before.
+and the rows before ``a`` (delivered before a mid-epoch resume) not at all, unless the
+checkpoint's record of the batches consumed before it is given (``before``): then the rows before
+``a`` are due once too, the record's rows count as delivered once (by the checker, in no share's
+record), and a resumed epoch is checked whole. A DataLoader worker that resumed its own share
+(``skip``) leaves out the batches it delivered before.
 :func:`expected_deliveries` builds that as a bitmap and the few rows expected more than once.
 
 The check
@@ -28,7 +31,7 @@ of each, and each share's batches against the rule's.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -43,12 +46,38 @@ __all__ = [
     "Expected",
     "Share",
     "ShareCount",
+    "Spans",
+    "add_span",
     "check",
+    "clip_spans",
     "complete",
     "disagreement",
     "expected_deliveries",
+    "prior_rows",
 ]
 
+#: Global batch positions of an epoch as ``[start, stop)`` intervals, ascending, not overlapping:
+#: the batches the training loop consumed before a checkpoint (``state["audit"]``).
+Spans = tuple[tuple[int, int], ...]
+#: The order in which :func:`disagreement` names what records disagree on (the rest after it).
+RULE_ORDER = (
+    "uri",
+    "version",
+    "datasets",
+    "seed",
+    "epoch",
+    "start",
+    "batch_size",
+    "world_size",
+    "filter",
+    "split",
+    "weights",
+    "num_rows",
+    "permutation",
+    "shuffle",
+    "drop_last",
+    "before",
+)
 #: Permutation positions handled per pass while the rule's bitmap is built.
 CHUNK = 1 << 20
 #: The most ids of each kind an :class:`AuditReport` lists (and a :class:`CoverageError` shows).
@@ -105,13 +134,17 @@ class Expected(NamedTuple):
         return popcount(self.bits) + int(self.extra_counts.sum())
 
 
-def expected_deliveries(plan: EpochPlan, shares: Sequence[Share] = ()) -> Expected:
+def expected_deliveries(
+    plan: EpochPlan, shares: Sequence[Share] = (), *, whole: bool = False
+) -> Expected:
     """The rule of the module docstring for ``plan``, without the batches that ``shares``
-    resumed past. Costs a few bitmaps; the permutation is computed only where the covered range
-    is not the whole epoch (a resume, a dropped tail), in passes of :data:`CHUNK` positions."""
+    resumed past; ``whole``: the rows before the plan's start too, once each (a resumed epoch
+    audited over the whole epoch). Costs a few bitmaps; the permutation is computed only where
+    the covered range is not the whole epoch (a resume, a dropped tail), in passes of
+    :data:`CHUNK` positions."""
     num_rows, order = plan.num_rows, plan.order
-    first = plan.start * plan.batch_size
-    end = first + plan.num_delivered
+    end = plan.start * plan.batch_size + plan.num_delivered
+    first = 0 if whole else plan.start * plan.batch_size
     top = min(end, num_rows)
     if top - first > num_rows // 2:  # most rows: all set, the rest cleared
         bits = bitmap(num_rows, full=True)
@@ -148,6 +181,35 @@ def _subtract(
     return extra_rows[keep], extra_counts[keep]
 
 
+def add_span(spans: Spans, start: int, stop: int) -> Spans:
+    """``spans`` with ``[start, stop)`` joined in (merged with those it overlaps or touches)."""
+    if stop <= start:
+        return tuple(spans)
+    kept = []
+    for low, high in spans:
+        if high < start or low > stop:
+            kept.append((low, high))
+        else:
+            start, stop = min(low, start), max(high, stop)
+    return tuple(sorted([*kept, (start, stop)]))
+
+
+def clip_spans(spans: Spans, stop: int) -> Spans:
+    """The part of ``spans`` before position ``stop``."""
+    return tuple((low, min(high, stop)) for low, high in spans if low < stop)
+
+
+def prior_rows(plan: EpochPlan, spans: Spans) -> Iterator[np.ndarray]:
+    """The rows of the global batches ``spans`` of ``plan``'s epoch, as laid out before a
+    checkpoint (batch ``p``: permutation positions ``[p * batch_size, (p + 1) * batch_size)``,
+    the last one cut at ``num_rows``; every batch before a checkpoint is a full one), in chunks
+    of at most :data:`CHUNK` rows."""
+    for low, high in spans:
+        top = min(high * plan.batch_size, plan.num_rows)
+        for start in range(low * plan.batch_size, top, CHUNK):
+            yield plan.order.slice(start, min(start + CHUNK, top))
+
+
 def complete(shares: Iterable[Share], world_size: int) -> bool:
     """Whether ``shares`` (those found so far) are every share of an epoch: one reader of every
     rank with each of its workers, or every rank ``0 .. world_size-1`` with each of its workers
@@ -166,15 +228,18 @@ def complete(shares: Iterable[Share], world_size: int) -> bool:
 
 def disagreement(rules: Sequence[tuple[Share, Mapping[str, Any]]]) -> str | None:
     """``None`` when every record read the same rule (``uri``, version, epoch, start, seed and
-    the rest), else what differs, share by share."""
+    the rest), else what differs, share by share, the fields in :data:`RULE_ORDER` (the first
+    one named is the first difference)."""
     first_share, first = rules[0]
     lines = []
+
+    def rank(key: str) -> tuple[int, str]:
+        return (RULE_ORDER.index(key) if key in RULE_ORDER else len(RULE_ORDER), key)
+
     for share, rule in rules[1:]:
-        differ = {
-            k: (first.get(k), rule.get(k)) for k in {*first, *rule} if first.get(k) != rule.get(k)
-        }
+        differ = sorted((k for k in {*first, *rule} if first.get(k) != rule.get(k)), key=rank)
         if differ:
-            shown = ", ".join(f"{k}={v!r} (against {u!r})" for k, (u, v) in sorted(differ.items()))
+            shown = ", ".join(f"{k}={rule.get(k)!r} (against {first.get(k)!r})" for k in differ)
             lines.append(f"{share} read {shown}")
     if not lines:
         return None
@@ -223,6 +288,11 @@ class AuditReport:
         unexpected (tuple[int, ...]): the first unexpected row ids.
         exact (bool): ``False`` when more than :data:`LISTED` extra deliveries were found:
             those beyond are not listed, so the counts are lower bounds (and ``ok`` is ``False``).
+        before (tuple[tuple[int, int], ...] | None): a resumed epoch (``start > 0``): the global
+            batches ``[start, stop)`` the checkpoint's record (``state["audit"]``) says were
+            consumed before it, counted as delivered, so the check covers the whole epoch;
+            ``None``: the state had no record, the check covers the rows from ``start`` on only.
+            ``()`` for an epoch read from its start.
     """
 
     uri: str
@@ -242,6 +312,7 @@ class AuditReport:
     repeated: tuple[tuple[int, int, int], ...]
     unexpected: tuple[int, ...]
     exact: bool = True
+    before: Spans | None = ()
 
     @property
     def ok(self) -> bool:
@@ -257,10 +328,25 @@ class AuditReport:
             f"coverage audit of epoch {self.epoch} {verdict}: {self.uri!r} version {self.version}, "
             f"{len(self.shares)} record{'s' if len(self.shares) > 1 else ''} over "
             f"{self.world_size} rank{'s' if self.world_size > 1 else ''}"
-            + (f" from global batch {self.start}" if self.start else "")
+            + self._covered()
             + f"; {self.rows_delivered} rows delivered, the rule calls for {self.rows_expected} "
             f"({self.num_padded} padded, {self.num_dropped} dropped); {self.num_missing} rows "
             f"missing, {self.num_repeated} repeated, {self.num_unexpected} unexpected"
+        )
+
+    def _covered(self) -> str:
+        """What part of a resumed epoch the check covers, for :meth:`summary`."""
+        if not self.start:
+            return ""
+        if self.before is None:
+            return (
+                f" from global batch {self.start} (the rest of the epoch only: the resumed "
+                f"state had no audit record)"
+            )
+        shown = ", ".join(f"[{low}, {high})" for low, high in self.before) or "none"
+        return (
+            f" from global batch {self.start}, the whole epoch (the checkpoint's record of the "
+            f"batches consumed before it: {shown})"
         )
 
     def failure(self) -> str:
@@ -290,13 +376,21 @@ def check(
     *,
     uri: str,
     version: int,
+    before: Spans | None = None,
 ) -> AuditReport:
     """Check the records of ``shares`` (``records`` in the same order, consumed one at a time)
-    against ``plan``'s rule (module docstring)."""
-    expected = expected_deliveries(plan, shares)
+    against ``plan``'s rule (module docstring). ``before``: the batches of the epoch consumed
+    before ``plan.start`` (a checkpoint's record): their rows count as delivered once, here (not
+    by any share), and the rule covers the whole epoch; ``None``: from ``plan.start`` only."""
+    if plan.start == 0:
+        before = ()
+    expected = expected_deliveries(plan, shares, whole=before is not None)
     union = bitmap(plan.num_rows)
     extra: list[np.ndarray] = []  # one entry per delivery of a row after its first
     listed, exact, counts, delivered = 0, True, [], 0
+    for rows in prior_rows(plan, before or ()):  # distinct rows: the spans do not overlap
+        set_rows(union, rows)
+        delivered += len(rows)
     for share, record in zip(shares, records, strict=True):
         overlap = union & record.bits  # rows an earlier record delivered too
         if overlap.any():
@@ -329,6 +423,7 @@ def check(
         missing=tuple(int(r) for r in np.union1d(rows_of(absent, SHOWN), short)[:SHOWN]),
         repeated=tuple((int(rows[i]), int(got[i]), int(due[i])) for i in shown),
         unexpected=tuple(int(r) for r in rows_of(stray, SHOWN)), exact=exact,
+        before=None if before is None else tuple((int(a), int(b)) for a, b in before),
     )  # fmt: skip
 
 

@@ -23,6 +23,14 @@ out, so :func:`find_read_ahead` recognises these wrappers among the callers of a
 first ``next()`` and returns a :class:`ReadAhead` that tells, when a state is saved, how many of
 the batches the loader delivered the wrapper still holds.
 
+PyTorch Lightning calls ``set_epoch(epoch)`` on ``dl.sampler`` of each train iterable ``dl`` as
+each training epoch starts, after a checkpoint's iterable states are loaded and before the
+epoch's first batch. A bare loader is ``dl`` itself: its ``sampler``, an :class:`EpochSetter`,
+passes the epoch on. A loader inside a ``DataLoader`` or ``StatefulDataLoader`` is out of
+Lightning's reach (``dl.sampler`` is the DataLoader's own); :func:`warn_unset_epochs` finds
+Lightning's fit loop among the callers of the loader's ``__len__`` (Lightning asks each epoch)
+and warns once if no ``LoaderEpochs`` callback sets the epoch instead.
+
 With DataLoader workers the batches are counted in the workers' own states, which a torchdata
 ``StatefulDataLoader`` snapshots as it hands each batch out: the batch Ray's wrapper holds is
 counted there, and no state saved later can tell. :func:`workers_read_ahead_by` recognises the
@@ -34,21 +42,36 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 __all__ = [
+    "EpochSetter",
     "ReadAhead",
     "accelerate_caller",
     "dispatcher_of",
     "find_read_ahead",
+    "lightning_fit_loop",
     "pass_through",
     "reads_every_rank",
+    "warn_unset_epochs",
     "workers_read_ahead_by",
 ]
 
-#: Frames looked through for Accelerate's wrapper (DataLoader and its iterator sit between).
+#: Frames looked through for a framework's caller (DataLoader and its iterator sit between).
 _DEPTH = 40
+#: Lightning's fit loop, in either of its packages.
+_FIT_LOOPS = ("lightning.pytorch.loops.fit_loop", "pytorch_lightning.loops.fit_loop")
+#: The loaders :func:`warn_unset_epochs` warned about (once each).
+_warned: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _calling(match: Callable[[Any], bool]) -> Any:
+    """The first ``self`` among the callers of the current call (at most ``_DEPTH`` frames up)
+    that ``match`` accepts, or ``None``."""
+    return next((caller for caller, _ in _callers(2) if match(caller)), None)
 
 
 def accelerate_caller(dataset: Any) -> tuple[Literal["dispatcher", "shard"], Any] | None:
@@ -59,15 +82,15 @@ def accelerate_caller(dataset: Any) -> tuple[Literal["dispatcher", "shard"], Any
     module = sys.modules.get("accelerate.data_loader")
     if module is None:
         return None
-    kinds = (
-        ("dispatcher", getattr(module, "DataLoaderDispatcher", None)),
-        ("shard", getattr(module, "IterableDatasetShard", None)),
-    )
-    for caller, _ in _callers(2):
-        for kind, cls in kinds:  # Accelerate's own classes only: no other object is asked
-            if cls is not None and isinstance(caller, cls) and caller.dataset is dataset:
-                return kind, caller  # type: ignore[return-value]
-    return None
+    dispatcher = getattr(module, "DataLoaderDispatcher", None)
+    shard = getattr(module, "IterableDatasetShard", None)
+    classes = tuple(cls for cls in (dispatcher, shard) if cls is not None)
+    # Accelerate's own classes only: no other object is asked
+    caller = _calling(lambda obj: isinstance(obj, classes) and obj.dataset is dataset)
+    if caller is None:
+        return None
+    kind = "dispatcher" if dispatcher is not None and isinstance(caller, dispatcher) else "shard"
+    return kind, caller  # type: ignore[return-value]
 
 
 def _callers(skip: int) -> Iterator[tuple[Any, str]]:
@@ -215,3 +238,65 @@ def dispatcher_of(dataset: Any) -> ReadAhead | None:
     if caller is None or caller[0] != "dispatcher":
         return None
     return _AccelerateDispatcher(caller[1])
+
+
+class EpochSetter:
+    """What a :class:`~lance_prefetch.PrefetchLoader`'s ``sampler`` is: no sampler (it yields no
+    indices and cannot be iterated), only a ``set_epoch(epoch)`` that calls the loader's
+    ``set_epoch(epoch)``. It exists so that a framework that calls ``set_epoch`` on the sampler of
+    the iterable it trains on (PyTorch Lightning, as each training epoch starts) reaches the
+    loader when it is that iterable."""
+
+    __slots__ = ("loader",)
+
+    def __init__(self, loader: Any) -> None:
+        #: The loader whose epoch :meth:`set_epoch` selects.
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """``self.loader.set_epoch(epoch)``."""
+        self.loader.set_epoch(epoch)
+
+    def __repr__(self) -> str:
+        return "EpochSetter(<the loader's set_epoch>)"
+
+
+def lightning_fit_loop() -> Any:
+    """Lightning's fit loop among the callers of the current call, or ``None`` (also when
+    Lightning was not imported: nothing is imported here)."""
+    classes = tuple(
+        cls
+        for cls in (getattr(sys.modules.get(name), "_FitLoop", None) for name in _FIT_LOOPS)
+        if cls is not None
+    )
+    return _calling(lambda obj: isinstance(obj, classes)) if classes else None
+
+
+def warn_unset_epochs(dataset: Any) -> None:
+    """Called from the loader's ``__len__``: warn once (``UserWarning``) if Lightning's fit loop
+    calls, trains on ``dataset`` (shuffled) inside a wrapper (a train iterable whose ``dataset``
+    it is: a ``DataLoader``, a ``StatefulDataLoader``), and has no ``LoaderEpochs`` callback.
+    Lightning cannot set the loader's epoch then: a run resumed from an end-of-epoch checkpoint
+    would read a fresh loader's epoch 0 again."""
+    if dataset in _warned or not dataset.shuffle:
+        return
+    fit_loop = lightning_fit_loop()  # Lightning's attributes read with defaults: never raise here
+    iterables = getattr(getattr(fit_loop, "_combined_loader", None), "flattened", None) or []
+    if any(dl is dataset for dl in iterables):
+        return  # trained on bare: Lightning sets the epoch through its sampler
+    if not any(getattr(dl, "dataset", None) is dataset for dl in iterables):
+        return  # not a train iterable (a validation loader, ...)
+    module = sys.modules.get("lance_prefetch.lightning")
+    callback = None if module is None else module.LoaderEpochs
+    callbacks = getattr(getattr(fit_loop, "trainer", None), "callbacks", None) or []
+    if callback is not None and any(isinstance(c, callback) for c in callbacks):
+        return
+    _warned.add(dataset)
+    warnings.warn(
+        "Lightning trains on a PrefetchLoader inside a DataLoader, where it cannot set the "
+        "loader's epoch: a run resumed from an end-of-epoch checkpoint would read epoch 0's "
+        "permutation again. Add lance_prefetch.lightning.LoaderEpochs() to "
+        "Trainer(callbacks=[...]), or return the loader itself from train_dataloader().",
+        UserWarning,
+        stacklevel=3,
+    )

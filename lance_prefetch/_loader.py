@@ -15,21 +15,30 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._audit import EpochAudit, choose_exchange, open_audit
+from ._audit import AuditMemory, EpochAudit, choose_exchange, open_audit
 from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, HedgePolicy, LoaderConfig
 from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade, loader_identity, loader_repr
 from ._frameworks import (
+    EpochSetter,
     ReadAhead,
     dispatcher_of,
     find_read_ahead,
     reads_every_rank,
+    warn_unset_epochs,
     workers_read_ahead_by,
 )
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._multi import epoch_view, naming_rows, open_sources
-from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
+from ._positions import (
+    Decision,
+    DeliveryCounter,
+    consumed_position,
+    end_position,
+    plan_resume,
+    saved_position,
+)
 from ._ranks import Ranks
 from ._shutdown import close_all
 from ._subset import subset_of
@@ -203,6 +212,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         # ... or, in a process of Accelerate's dispatcher that does not read, that dispatcher
         self._follower: ReadAhead | None = None
         self._audit: EpochAudit | None = None  # ... and its coverage audit
+        self._audit_memory = AuditMemory()  # the audit's record of a loaded state (resumes)
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
         self._every_rank = False  # a DataLoader worker of Accelerate's dispatcher reads all
@@ -282,6 +292,19 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             raise ValueError(f"epoch should be <= 2**62, but got epoch={epoch}")
         self._control.set_epoch(epoch)
 
+    @property
+    def sampler(self) -> EpochSetter:
+        """Not a sampler: an :class:`~lance_prefetch._frameworks.EpochSetter` whose only method,
+        ``set_epoch(epoch)``, calls :meth:`set_epoch`. It exists for PyTorch Lightning, which calls
+        ``set_epoch`` on the ``sampler`` of every train iterable as each training epoch starts
+        (after loading a checkpoint's state, before the first batch): a loader returned from
+        ``train_dataloader`` reads epoch ``k``'s permutation in epoch ``k``, also in a run resumed
+        from an end-of-epoch checkpoint. A DataLoader over the loader has its own ``sampler``."""
+        return EpochSetter(self)
+
+    #: ``None``, as a ``DataLoader(batch_size=None)``'s: the loader makes its own batches.
+    batch_sampler = None
+
     def epoch_plan(self, epoch: int | None = None, *, start: int = 0) -> EpochPlan:
         """The :class:`~lance_prefetch.sampling.EpochPlan` of ``epoch`` (default: :attr:`epoch`)
         from global position ``start`` (default: the epoch's beginning)."""
@@ -298,6 +321,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank, but with
         ``shuffle=False`` and ``drop_last=False``, where a rank may have one fewer)."""
+        warn_unset_epochs(self)  # if Lightning trains on it out of reach, no LoaderEpochs
         rank, world_size = self._current_ranks()
         plan = self._plan(self.epoch, 0, world_size)
         if self._every_rank or reads_every_rank(self):
@@ -383,16 +407,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         if self._every_rank or reads_every_rank(self):  # len() counted every rank's batches
             per_rank = self._plan(epoch, 0, self.world_size).batches_of(0)
         batches = check_int("batches", batches, minimum=0)
-        if batches > per_rank:
-            raise ValueError(
-                f"batches should be at most {per_rank}, the batches of an epoch on this rank, "
-                f"but got batches={batches}; count the batches of the current epoch only"
-            )
-        position = batches * self.world_size
-        return self._state(epoch, self._end() if batches == per_rank else position, None)
+        position = consumed_position(batches, per_rank, self.world_size, self._end())
+        return self._state(epoch, position, None)
 
     def _state(self, epoch: int, position: int, worker: dict[str, int] | None) -> dict[str, Any]:
-        return make_state(
+        state = make_state(
             **loader_identity(self),
             world_size=self.world_size,
             epoch=epoch,
@@ -400,6 +419,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             worker=worker,
             read_ahead=None if worker is None else self._read_ahead_by,
         )
+        # audit=True: the record of the batches consumed before the position (state.py)
+        return self._audit_memory.stamp(state, self._audit) if self.config.audit else state
 
     def _end(self) -> int:
         return end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
@@ -433,6 +454,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         worker = get_worker_info()
         here = None if worker is None else (worker.id, worker.num_workers)
         resume = plan_resume(state, here=here, world_size=self.world_size)
+        self._audit_memory.load(state, resume.decision)  # state["audit"]: audit a whole epoch
         if resume.in_worker:
             self._worker_resume = (resume.decision, resume.skip)
         else:
@@ -494,7 +516,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
         plan = self._plan(decision.epoch, decision.start, world_size)
         self._audit = audit = open_audit(exchange, plan, share, self.config.audit_dir,
-                                         identity=loader_identity(self))  # fmt: skip
+                                         identity=loader_identity(self),
+                                         memory=self._audit_memory, ident=ident)  # fmt: skip
         return start_iteration(
             epoch_view(self._source, decision.epoch), plan, counter, self._telemetry, rank=None if every_rank else rank,
             config=self.config, resolved=self._resolved, audit=audit,

@@ -17,6 +17,7 @@ __all__ = [
     "Decision",
     "DeliveryCounter",
     "Resume",
+    "consumed_position",
     "end_position",
     "first_local",
     "merge_worker_states",
@@ -50,6 +51,22 @@ def end_position(num_rows: int, batch_size: int, *, drop_last: bool) -> int:
     if drop_last:
         return num_rows // batch_size
     return math.ceil(num_rows / batch_size)
+
+
+def consumed_position(batches: int, per_rank: int, world_size: int, end: int) -> int:
+    """The position after a rank's training step consumed its first ``batches`` of an epoch in
+    which it has ``per_rank``: ``batches`` whole rounds of ``world_size``, or ``end`` once the
+    rank's share is over.
+
+    Raises:
+        ValueError: ``batches`` above ``per_rank``.
+    """
+    if batches > per_rank:
+        raise ValueError(
+            f"batches should be at most {per_rank}, the batches of an epoch on this rank, "
+            f"but got batches={batches}; count the batches of the current epoch only"
+        )
+    return end if batches == per_rank else batches * world_size
 
 
 def worker_skip(position: int, start: int, world_size: int) -> int:

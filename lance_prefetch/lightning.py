@@ -1,15 +1,20 @@
-"""PyTorch Lightning: :class:`LoaderEpochs`, a callback that gives each epoch of ``trainer.fit``
-its own permutation, resumed runs included.
+"""PyTorch Lightning: :class:`LoaderEpochs`, a callback that sets the epoch of a ``PrefetchLoader``
+Lightning trains on inside a ``DataLoader`` or torchdata's ``StatefulDataLoader``.
 
-Without it, a ``PrefetchLoader`` returned from ``train_dataloader`` already reads permutation
-``k`` in epoch ``k`` of an uninterrupted ``fit`` (each finished iteration moves it to the next
-epoch) and resumes a mid-epoch checkpoint exactly (Lightning saves and loads its
-``state_dict``). What plain rules cannot give is a run resumed from an **end-of-epoch**
-checkpoint: Lightning then loads no loader state (the epoch was complete), and a fresh loader
-would read permutation 0 in epoch ``k``. The callback calls ``set_epoch(trainer.current_epoch)``
-on every ``PrefetchLoader`` Lightning trains on, bare or inside a ``DataLoader`` or torchdata's
-``StatefulDataLoader``, at the start of every training epoch; a loaded mid-epoch state of that
-epoch keeps its position.
+A ``PrefetchLoader`` returned from ``train_dataloader`` as it is needs no callback: Lightning
+calls ``set_epoch(epoch)`` on the ``sampler`` of each train iterable as each training epoch
+starts (after loading a checkpoint's state, before the first batch), and the loader's
+``sampler`` passes it on. Epoch ``k`` then reads permutation ``k``, also in a run resumed from an
+end-of-epoch checkpoint (where Lightning loads no loader state), and a run resumed mid-epoch
+goes on from the loaded state's position.
+
+Inside a ``DataLoader`` the loader is out of Lightning's reach (``sampler`` is the DataLoader's
+own). A fresh loader would then read permutation 0 in the first epoch of a run resumed from an
+end-of-epoch checkpoint, and the loader warns (``UserWarning``, once) when Lightning trains on it
+there without this callback. The callback calls ``set_epoch(trainer.current_epoch)`` on every
+``PrefetchLoader`` among Lightning's train iterables, bare or the ``dataset`` of one, as the fit
+starts and as each training epoch starts; a loaded mid-epoch state of that epoch keeps its
+position.
 
 Importing this module imports ``lightning`` (``pip install lightning``).
 """
@@ -25,12 +30,19 @@ __all__ = ["LoaderEpochs"]
 
 
 class LoaderEpochs(Callback):
-    """Set every training ``PrefetchLoader``'s epoch to ``trainer.current_epoch`` as each training
-    epoch starts (``Trainer(callbacks=[LoaderEpochs()])``). Loaders are found as Lightning's
-    train iterables, or their ``dataset`` (a ``DataLoader`` or ``StatefulDataLoader``); other
-    iterables are left alone."""
+    """Set every training ``PrefetchLoader``'s epoch to ``trainer.current_epoch`` as the fit
+    starts (Lightning calls no ``on_train_epoch_start`` for an epoch it resumes mid-way) and as
+    each training epoch starts (``Trainer(callbacks=[LoaderEpochs()])``). Loaders are found as
+    Lightning's train iterables, or their ``dataset`` (a ``DataLoader`` or
+    ``StatefulDataLoader``); other iterables are left alone. Needed only for a wrapped loader."""
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._set_epochs(trainer)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._set_epochs(trainer)
+
+    def _set_epochs(self, trainer: Any) -> None:
         for loader in _loaders(trainer.train_dataloader):
             loader.set_epoch(trainer.current_epoch)
 

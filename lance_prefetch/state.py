@@ -34,6 +34,22 @@ describes that worker's share only (its ``position`` is after the last batch *it
 iteration that started at ``S``). ``StatefulDataLoader`` hands each worker back its own state; to
 resume with other ``num_workers`` or ``world_size``, merge them with :func:`state_from_dataloader`.
 
+A loader with ``audit=True`` also saves ``"audit"``, the coverage audit's record of the epoch's
+global batches consumed before ``position``, as ``[start, stop)`` intervals, ascending and not
+overlapping, within the epoch's end (:func:`~lance_prefetch._positions.end_position`)::
+
+    "audit": [[0, 34]]
+
+One interval (16 bytes as two 64-bit integers; about ten characters of JSON) unless the epoch
+was resumed from a state without one, and never more than one per resume. It is the union of
+the loaded state's record and ``[start, position)`` of the iteration that read since, so a
+resumed iteration's audit counts those batches' rows as delivered and checks the whole epoch
+(:mod:`lance_prefetch._audit`): a batch lost or replayed at a resume is named. Like the rest of
+the state it describes global positions, the same on every rank. The key is optional: without
+it (``audit=False`` when saved, or a version before it, which also ignores it) the audit of a
+resumed epoch covers the rows from ``position`` on, and its report says so. A DataLoader
+worker's state records the batches before its own position, as its ``position`` does.
+
 A worker's share read through a wrapper that pulls a batch ahead of the training step, where
 that batch is counted in the workers' states (Ray Train's ``prepare_data_loader`` wrapper:
 ``StatefulDataLoader`` snapshots the workers' states as it hands each batch out, so a state
@@ -77,6 +93,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "epoch": int,
     "position": int,
 }
+# optional: "audit" (a list of [start, stop] pairs), checked by _check_audit
 #: Fields that must equal the loader's own for a state to load (``version`` can be allowed to differ).
 MATCHED = (
     "uri", "version", "datasets", "weights", "filter", "split", "num_rows", "seed",
@@ -245,6 +262,11 @@ def check_state(
         )
     if "worker" in state:
         _check_worker(state)
+    if "audit" in state:
+        _check_audit(
+            state["audit"],
+            end_position(state["num_rows"], state["batch_size"], drop_last=state["drop_last"]),
+        )
     return dict(state)
 
 
@@ -387,3 +409,29 @@ def _check_worker(state: Mapping[str, Any]) -> None:
             f"state['position']={state['position']} does not follow whole rounds of "
             f"world_size={state['world_size']} from the worker's start {worker['start']}"
         )
+
+
+def _check_audit(record: Any, end: int) -> None:
+    """``state["audit"]``: ``[start, stop)`` pairs of ints, ascending, not overlapping, within
+    ``[0, end]``."""
+    pairs = isinstance(record, (list, tuple)) and all(
+        isinstance(pair, (list, tuple))
+        and len(pair) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+        for pair in record
+    )
+    if not pairs:
+        raise TypeError(
+            f"state['audit'] should be a list of [start, stop] pairs of ints (the coverage "
+            f"audit's record of the batches consumed before the checkpoint), but got {record!r}"
+        )
+    last = 0
+    for low, high in record:
+        if not last <= low < high <= end:
+            raise ValueError(
+                f"state['audit'] should hold [start, stop) intervals of global batches with "
+                f"0 <= start < stop <= {end} (the epoch's end), ascending and not overlapping, "
+                f"but got {record!r}; pass the state as state_dict() returned it, or drop "
+                f"state['audit'] to audit the rest of the epoch only"
+            )
+        last = high

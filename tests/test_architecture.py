@@ -69,21 +69,3 @@ def test_no_keyword_arguments_are_forwarded_blindly():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.kwarg:
                 found.append(f"{name}.{node.name}(**{node.args.kwarg.arg})")
     assert found == []
-
-
-def test_the_loader_is_a_thin_class():
-    """PrefetchLoader wires the rooms together: well under the size of the rooms themselves. Its
-    contract (the docstrings) may grow with its options; its code may not."""
-    tree = ast.parse((PACKAGE / "_loader.py").read_text())
-    (loader,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PrefetchLoader"]
-    docstrings = set()
-    for node in ast.walk(loader):
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(node):
-            first = node.body[0]
-            docstrings.update(range(first.lineno, first.end_lineno + 1))
-    lines = (PACKAGE / "_loader.py").read_text().splitlines()[loader.lineno - 1 : loader.end_lineno]
-    code = [
-        line for number, line in enumerate(lines, loader.lineno)
-        if number not in docstrings and line.strip() and not line.strip().startswith("#")
-    ]  # fmt: skip
-    assert len(code) <= 220

@@ -153,7 +153,8 @@ def test_two_ranks_through_audit_dir_padded_and_resumed(ids_1003, tmp_path):
     """drop_last=False on 2 ranks: the padded row is due twice. Records meet in audit_dir; the
     rank that writes last checks and writes the report, and the records are removed. Then a
     resume at global batch 20: the audit covers the rows from there (the padding wraps to a row
-    delivered before the resume, due once now)."""
+    delivered before the resume, due once now); the state has no audit record, so the report
+    says the rows before the resume are not covered."""
 
     def make(rank):
         return PrefetchLoader(ids_1003, 10, columns=["id"], drop_last=False, seed=1, rank=rank,
@@ -164,19 +165,24 @@ def test_two_ranks_through_audit_dir_padded_and_resumed(ids_1003, tmp_path):
     assert _read(second) == (51, None)
     report = second.audit_report
     assert report.ok and (report.rows_expected, report.num_padded) == (1004, 1)
-    (folder,) = tmp_path.iterdir()
-    assert folder.name.startswith("ids1003.lance-")
-    assert sorted(os.listdir(folder)) == ["epoch0-from0-report.json"]
-    saved = json.loads((folder / "epoch0-from0-report.json").read_text())
+    assert sorted(os.listdir(tmp_path)) == [
+        "iteration1-report.json",
+        "rank0.iterations",
+        "rank1.iterations",
+    ]
+    saved = json.loads((tmp_path / "iteration1-report.json").read_text())
     assert saved["ok"] is True and saved["rows_delivered"] == 1004
 
-    state = first.state_dict() | {"epoch": 1, "position": 20}
+    state = first.state_dict()
+    assert state["audit"] == [[0, 101]]  # the finished epoch's record: every batch
+    state = {k: v for k, v in state.items() if k != "audit"} | {"epoch": 1, "position": 20}
     resumed = [make(rank) for rank in (1, 0)]
     for loader in resumed:
         loader.load_state_dict(state)
     assert [_read(loader) for loader in resumed] == [(41, None), (41, None)]
-    report = resumed[1].audit_report
+    report = resumed[1].audit_report  # a state without "audit": the rest of the epoch only
     assert report.ok and (report.epoch, report.start, report.rows_expected) == (1, 20, 804)
+    assert report.before is None and "(the rest of the epoch only: " in report.summary()
 
 
 @pytest.mark.timeout(60)
@@ -210,8 +216,7 @@ def test_the_audit_catches_an_injected_fault_on_two_ranks(fault, ids_1003, tmp_p
         f"records: rank 1: {batches} batches, {batches * 10} rows (the rule gives it 50 batches)"
     )
     assert loaders[1].audit_report is report
-    (folder,) = tmp_path.iterdir()
-    assert json.loads((folder / "epoch0-from0-report.json").read_text())["ok"] is False
+    assert json.loads((tmp_path / "iteration1-report.json").read_text())["ok"] is False
 
 
 @pytest.mark.timeout(60)
@@ -263,7 +268,7 @@ def test_misconfigurations_name_audit_dir_before_an_epoch_is_used(ids_1003, tmp_
         if step == 5:
             break
     broken.close()
-    assert broken.audit_report is None and list(tmp_path.iterdir()) == []
+    assert broken.audit_report is None and os.listdir(tmp_path) == ["rank0.iterations"]
 
 
 @pytest.mark.system
@@ -279,9 +284,8 @@ def test_two_dataloader_workers_through_audit_dir(ids_1003, tmp_path):
                       persistent_workers=True, worker_init_fn=duplicate_in_worker_1)  # fmt: skip
     loader.set_epoch(0)
     assert batch_ids(data) == expected_rank_ids(loader, epoch=0)
-    (folder,) = tmp_path.iterdir()
-    assert os.listdir(folder) == ["epoch0-from0-report.json"]
-    assert json.loads((folder / "epoch0-from0-report.json").read_text())["ok"] is True
+    assert sorted(os.listdir(tmp_path)) == ["iteration1-report.json", "rank0.iterations"]
+    assert json.loads((tmp_path / "iteration1-report.json").read_text())["ok"] is True
     loader.set_epoch(1)
     rows = sorted(loader.epoch_plan(1).batch(3).indices.tolist())
     with stopping(data) as iterator, pytest.raises(CoverageError) as caught:

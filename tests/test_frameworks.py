@@ -81,32 +81,83 @@ def check_validation(steps: dict, epochs: range) -> None:
             assert flat == sorted(flat)
 
 
-def lightning_runs(tmp_path: Path, strategy: str) -> str:
-    """tests/support/lightning_runs.py: the example's fits, in one launch of ``strategy``."""
+def lightning_runs(tmp_path: Path, mode: str) -> str:
+    """tests/support/lightning_runs.py: the example's fits, in one launch (``mode``: ``ddp``,
+    ``ddp-matrix``, ``ddp_spawn``)."""
     script = Path(__file__).parent / "support" / "lightning_runs.py"
-    return run([sys.executable, str(script), strategy, str(tmp_path)], timeout=240)
+    return run([sys.executable, str(script), mode, str(tmp_path)], timeout=240)
+
+
+def warned(out: str) -> list[str]:
+    """The fits and ranks whose loader warned that it needs ``LoaderEpochs``, sorted."""
+    return sorted(
+        line.split(":")[1].strip() for line in out.splitlines() if line.startswith("warned: ")
+    )
+
+
+def check_resumed(uri: str, tmp_path: Path, kind: str, points: tuple[str, ...]) -> None:
+    """``<kind>-full`` read permutation k in epoch k and validated every row; its resumed fits
+    read its batches from where they resumed: ``<kind>-end`` all of epoch 1, ``<kind>-mid`` epoch
+    1 from batch 7 (step 27)."""
+    full = records(str(tmp_path / f"{kind}-full-{{rank}}.jsonl"))
+    check_epochs(uri, full, range(2))
+    check_validation(full, range(2))
+    for point in points:
+        resumed = records(str(tmp_path / f"{kind}-{point}-{{rank}}.jsonl"))
+        assert {key for key in resumed if key[0] == "train"} == {("train", 0, 1), ("train", 1, 1)}
+        for rank in range(2):
+            skipped = 7 if point == "mid" else 0
+            assert resumed["train", rank, 1] == full["train", rank, 1][skipped:], (kind, point)
+        check_validation(resumed, range(1, 2))
 
 
 def test_lightning_ddp_fit_validate_and_resume_from_both_kinds_of_checkpoint(tmp_path):
-    """``ddp``, with the bare loader built in ``setup()`` and with ``StatefulDataLoader`` over
-    loaders built in the DataModule's ``__init__`` (in each ``ddp`` process, before its process
-    group exists): epoch k reads permutation k (Lightning's probe ``iter()`` uses none up),
-    validation covers every row once; runs resumed from the end-of-epoch-0 checkpoint and from
-    the mid-epoch one (step 27: epoch 1, batch 7) read what the uninterrupted run read."""
+    """``ddp``, the bare loader built in ``setup()``, no ``LoaderEpochs``: epoch k reads
+    permutation k (Lightning's probe ``iter()`` uses none up), validation covers every row once;
+    runs resumed from the end-of-epoch-0 checkpoint (Lightning loads no loader state: it sets
+    epoch 1 through ``loader.sampler``) and from the mid-epoch one (step 27: epoch 1, batch 7; the
+    loaded state keeps its position) read what the uninterrupted run read. A fit over
+    ``DataLoader(loader, batch_size=None)`` without ``LoaderEpochs`` warns once on each rank."""
     uri = str(tmp_path / "data.lance")
     out = lightning_runs(tmp_path, "ddp")
-    assert out.count("done: epoch 2, step 40, val_correct") == 6
-    for kind in ("bare", "stateful"):
-        full = records(str(tmp_path / f"{kind}-full-{{rank}}.jsonl"))
-        check_epochs(uri, full, range(2))
-        check_validation(full, range(2))
+    assert out.count("done: epoch 2, step 40, val_correct") == 4
+    check_resumed(uri, tmp_path, "bare", ("end", "mid"))
+    assert warned(out) == ["warned rank 0", "warned rank 1"]
+    check_epochs(uri, records(str(tmp_path / "warned-{rank}.jsonl")), range(2))
+
+
+@pytest.mark.system
+def test_lightning_ddp_resume_with_every_wrapper_with_and_without_loader_epochs(tmp_path):
+    """``ddp``, resumed from the end-of-epoch-0 and the step-27 checkpoints, for each way to hand
+    Lightning the loader (tests/support/lightning_runs.py's MATRIX):
+
+    - exact (the uninterrupted run's batches): the bare loader with ``LoaderEpochs`` too;
+      ``StatefulDataLoader`` (loaders built in ``__init__``) with it; ``DataLoader`` with it from
+      the end of an epoch; ``StatefulDataLoader`` without it from mid-epoch (its state is loaded);
+    - warned, once a fit and rank: ``StatefulDataLoader`` and ``DataLoader`` without it. From the
+      end of epoch 0 they read epoch 0's permutation again in epoch 1 (what the warning says);
+    - ``DataLoader`` from mid-epoch: Lightning saves no state for it, so the resumed epoch reads
+      its first 13 batches (20 less the 7 done): batches 0-6 twice, 13-19 never.
+    """
+    uri = str(tmp_path / "data.lance")
+    out = lightning_runs(tmp_path, "ddp-matrix")
+    assert out.count("done: epoch 2, step 40, val_correct") == 14
+    for kind in ("bare-on", "stateful-on"):
+        check_resumed(uri, tmp_path, kind, ("end", "mid"))
+    check_resumed(uri, tmp_path, "dataloader-on", ("end",))
+    check_resumed(uri, tmp_path, "stateful-off", ("mid",))
+    for kind in ("stateful-off", "dataloader-off"):
+        check_resumed(uri, tmp_path, kind, ())
         end = records(str(tmp_path / f"{kind}-end-{{rank}}.jsonl"))
-        assert {key for key in end if key[0] == "train"} == {("train", 0, 1), ("train", 1, 1)}
-        check_epochs(uri, end, range(1, 2))
-        mid = records(str(tmp_path / f"{kind}-mid-{{rank}}.jsonl"))
         for rank in range(2):
-            assert mid["train", rank, 1] == full["train", rank, 1][7:]
-        check_validation(mid, range(1, 2))
+            assert end["train", rank, 1] == plan(uri, 0, rank), kind
+    full = records(str(tmp_path / "dataloader-on-full-{rank}.jsonl"))
+    mid = records(str(tmp_path / "dataloader-on-mid-{rank}.jsonl"))
+    for rank in range(2):
+        assert mid["train", rank, 1] == full["train", rank, 1][:13]
+    fits = ["stateful-off-full", "stateful-off-end", "stateful-off-mid"]
+    fits += ["dataloader-off-full", "dataloader-off-end"]
+    assert warned(out) == sorted(f"{fit} rank {rank}" for fit in fits for rank in range(2))
 
 
 def test_lightning_ddp_spawn_with_loaders_built_in_init(tmp_path):
