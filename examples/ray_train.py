@@ -6,10 +6,16 @@ What it shows (docs/frameworks.md explains each):
 - A ``PrefetchLoader`` built in the driver and passed in ``train_loop_config`` (or built inside
   the train loop, ``--build loop``) reads, in each Ray Train worker, the share of the rank
   that worker has: ranks are read where the loader reads, from the process group Ray sets up.
+- With ``--prepare-data-loader`` the loop iterates
+  ``ray.train.torch.prepare_data_loader(DataLoader(loader, batch_size=None))``: for an iterable
+  dataset Ray adds no sampler, and wraps the DataLoader to move each batch to the worker's device
+  one batch ahead of the step.
 - Rank 0 saves ``loader.state_dict()`` with the model in the checkpoint it reports through
-  ``ray.train.report(checkpoint=...)``; an attempt restarted from it (``ray.train.get_checkpoint()``:
-  after a failure, with ``FailureConfig(max_failures=...)``, or a run started again with the same
-  name and storage path) reads the batches the uninterrupted run would have.
+  ``ray.train.report(checkpoint=...)``: it counts the batches the steps consumed (with
+  ``--prepare-data-loader``, not the one Ray's wrapper holds). An attempt restarted from it
+  (``ray.train.get_checkpoint()``: after a failure, with ``FailureConfig(max_failures=...)``, or a
+  run started again with the same name and storage path) reads the batches the uninterrupted run
+  would have.
 
 The first attempt fails after ``--stop-after`` steps (a stand-in for a lost worker); Ray Train
 restarts the workers, which resume from the checkpoint reported at that step and finish.
@@ -28,8 +34,9 @@ import ray.train
 import torch
 from classification_data import CLASSES, COLUMNS, FEATURES, write_dataset
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer, prepare_model
+from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model
 from torch import nn
+from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
 
@@ -52,10 +59,13 @@ def train_loop(config: dict) -> None:
         optimizer.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["data"])
         step, first_epoch = saved["step"], saved["data"]["epoch"]
+    batches = loader
+    if config["prepare_data_loader"]:  # an iterable: no sampler; batches moved to the device
+        batches = prepare_data_loader(DataLoader(loader, batch_size=None))
     record = open(config["record"].format(rank=rank), "a") if config.get("record") else None
     for epoch in range(first_epoch, config["epochs"]):
         loader.set_epoch(epoch)  # keeps a resumed position in its epoch
-        for batch in loader:
+        for batch in batches:
             loss = nn.functional.cross_entropy(model(batch["features"]), batch["label"])
             optimizer.zero_grad()
             loss.backward()
@@ -74,7 +84,7 @@ def train_loop(config: dict) -> None:
 
 def report(loader, model, optimizer, step: int, rank: int, loss: float) -> None:
     """Report the metrics on every rank, with a checkpoint from rank 0 (the state is the same on
-    every rank)."""
+    every rank, and counts the batches the steps consumed)."""
     data = loader.state_dict()
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = None
@@ -86,7 +96,7 @@ def report(loader, model, optimizer, step: int, rank: int, loss: float) -> None:
         ray.train.report({"step": step, "loss": loss}, checkpoint=checkpoint)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uri", required=True, help="Lance dataset (created if missing)")
     parser.add_argument("--storage", required=True, help="Ray Train storage_path (a folder)")
@@ -101,23 +111,51 @@ def main() -> None:
         default="driver",
         help="where the loader is built; both: the driver, then the loop",
     )
+    parser.add_argument(
+        "--prepare-data-loader",
+        action="store_true",
+        help="iterate ray.train.torch.prepare_data_loader(DataLoader(loader, batch_size=None))",
+    )
     parser.add_argument("--record", default=None, help="append each step's ids here ({rank})")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def fit(args: argparse.Namespace) -> ray.train.Result:
+    """One TorchTrainer run (Ray initialised): 2 workers, a failure, a restart, the end."""
     if not os.path.exists(args.uri):
         write_dataset(args.uri, args.rows)
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    config = {"uri": args.uri, "batch_size": args.batch_size, "epochs": args.epochs,
-              "checkpoint_every": args.checkpoint_every, "record": args.record,
-              "stop_after": args.stop_after, "build": args.build}  # fmt: skip
+    config = {
+        "uri": args.uri,
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+        "checkpoint_every": args.checkpoint_every,
+        "record": args.record,
+        "stop_after": args.stop_after,
+        "build": args.build,
+        "prepare_data_loader": args.prepare_data_loader,
+    }
     if args.build != "loop":  # pickled to each worker; ranks are read there
         config["loader"] = PrefetchLoader(args.uri, args.batch_size, columns=COLUMNS, seed=0)
-    run = RunConfig(name="lance-prefetch-example", storage_path=os.path.abspath(args.storage),
-                    failure_config=FailureConfig(max_failures=1))  # fmt: skip
-    result = TorchTrainer(train_loop, train_loop_config=config,
-                          scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-                          run_config=run).fit()  # fmt: skip
+    run = RunConfig(
+        name="lance-prefetch-example",
+        storage_path=os.path.abspath(args.storage),
+        failure_config=FailureConfig(max_failures=1),
+    )
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+        run_config=run,
+    )
+    result = trainer.fit()
     print(f"run ended at step {result.metrics['step']}, checkpoint {result.checkpoint.path}")
+    return result
+
+
+def main() -> None:
+    args = parse_args()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    fit(args)
     ray.shutdown()
 
 

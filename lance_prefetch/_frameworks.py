@@ -30,6 +30,12 @@ passes the epoch on. A loader inside a ``DataLoader`` or ``StatefulDataLoader`` 
 Lightning's reach (``dl.sampler`` is the DataLoader's own); :func:`warn_unset_epochs` finds
 Lightning's fit loop among the callers of the loader's ``__len__`` (Lightning asks each epoch)
 and warns once if no ``LoaderEpochs`` callback sets the epoch instead.
+
+With DataLoader workers the batches are counted in the workers' own states, which a torchdata
+``StatefulDataLoader`` snapshots as it hands each batch out: the batch Ray's wrapper holds is
+counted there, and no state saved later can tell. :func:`workers_read_ahead_by` recognises the
+wrapper among the callers when the loader is pickled for the workers (the wrapper's ``iter()``
+starts them), so that their states carry a mark that refuses them (:mod:`lance_prefetch.state`).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ __all__ = [
     "pass_through",
     "reads_every_rank",
     "warn_unset_epochs",
+    "workers_read_ahead_by",
 ]
 
 #: Frames looked through for a framework's caller (DataLoader and its iterator sit between).
@@ -119,9 +126,13 @@ class ReadAhead:
 
     Attributes:
         name (str): the wrapper, in words, for messages.
+        counted_in_workers (bool): a state a ``StatefulDataLoader`` over DataLoader workers
+            snapshots between steps counts the batches this wrapper holds (Ray's wrapper); not
+            for Accelerate's wrappers, whose own snapshot is taken before they pull.
     """
 
     name = "a wrapper"
+    counted_in_workers = False
 
     def __init__(self, wrapper: Any) -> None:
         self.wrapper = wrapper
@@ -145,6 +156,7 @@ class _RayWrapper(ReadAhead):
     one batch, none once the loader is exhausted."""
 
     name = "Ray Train's prepare_data_loader wrapper"
+    counted_in_workers = True
 
     def held(self, delivered: int) -> int:
         return min(delivered, 0 if self.wrapper.next_batch is None else 1)
@@ -201,6 +213,14 @@ def find_read_ahead(dataset: Any) -> ReadAhead | None:
             if isinstance(caller, cls) and _reads(caller, dataset):
                 return kind(caller)
     return None
+
+
+def workers_read_ahead_by(dataset: Any) -> str | None:
+    """The name of the known wrapper, among the callers of the current call (the pickling of
+    ``dataset`` for DataLoader workers), whose held batches the workers' states would count
+    (:attr:`ReadAhead.counted_in_workers`), or ``None``."""
+    ahead = find_read_ahead(dataset)
+    return ahead.name if ahead is not None and ahead.counted_in_workers else None
 
 
 def _reads(wrapper: Any, dataset: Any) -> bool:

@@ -27,6 +27,7 @@ from ._frameworks import (
     find_read_ahead,
     reads_every_rank,
     warn_unset_epochs,
+    workers_read_ahead_by,
 )
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._multi import epoch_view, naming_rows, open_sources
@@ -215,6 +216,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
         self._every_rank = False  # a DataLoader worker of Accelerate's dispatcher reads all
+        # in a DataLoader worker: the wrapper that reads its batches ahead of the step, if its
+        # held batch is counted in this worker's states (they then carry its name)
+        self._read_ahead_by: str | None = None
         self._iterators: weakref.WeakSet[LazyIteration] = weakref.WeakSet()
         self._source = open_sources(source, config)  # pinned, cached, filter/split, mixed
         resolved = config.resolve(row_bytes=fixed_row_bytes(self._source.schema),
@@ -413,6 +417,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             epoch=epoch,
             position=position,
             worker=worker,
+            read_ahead=None if worker is None else self._read_ahead_by,
         )
         # audit=True: the record of the batches consumed before the position (state.py)
         return self._audit_memory.stamp(state, self._audit) if self.config.audit else state
@@ -552,6 +557,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         if multiprocessing.context.get_spawning_popen() is not None:
             self._current_ranks()  # DataLoader workers read the ranks this process has now
             state["_every_rank"] = self._every_rank or reads_every_rank(self)
+            # the workers' states will count what this wrapper (starting them) holds: marked
+            state["_read_ahead_by"] = workers_read_ahead_by(self)
         del state["_iterators"], state["_counter"], state["_telemetry"], state["_audit"]
         del state["_ahead"], state["_follower"]
         return state

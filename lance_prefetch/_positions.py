@@ -236,6 +236,7 @@ def merge_worker_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         raise ValueError(f"the workers' states disagree on (epoch, start, num_workers): {shared}")
     merged = dict(max(states, key=lambda s: s["position"]))
     del merged["worker"]
+    merged.pop("read_ahead", None)
     end = end_position(merged["num_rows"], merged["batch_size"], drop_last=merged["drop_last"])
     merged["position"] = min(merged["position"], end)
     return merged

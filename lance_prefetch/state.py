@@ -48,6 +48,14 @@ the state it describes global positions, the same on every rank. The key is opti
 it (``audit=False`` when saved, or a version before it, which also ignores it) the audit of a
 resumed epoch covers the rows from ``position`` on, and its report says so. A DataLoader
 worker's state records the batches before its own position, as its ``position`` does.
+
+A worker's share read through a wrapper that pulls a batch ahead of the training step, where
+that batch is counted in the workers' states (Ray Train's ``prepare_data_loader`` wrapper:
+``StatefulDataLoader`` snapshots the workers' states as it hands each batch out, so a state
+saved between steps counts the batch the wrapper holds), also has ``"read_ahead": <the wrapper,
+in words>``. Such a share never loads (it would resume one batch late), and
+:func:`state_from_dataloader` refuses it but at the iteration's end, where the wrapper holds
+nothing; the refusal names the fix.
 """
 
 from __future__ import annotations
@@ -104,14 +112,16 @@ def make_state(
     epoch: int,
     position: int,
     worker: Mapping[str, int] | None = None,
+    read_ahead: str | None = None,
     permutation: str = "array",
     filter: str | None = None,
     split: Mapping[str, Any] | None = None,
     datasets: list[Mapping[str, Any]] | None = None,
     weights: list[float] | None = None,
 ) -> dict[str, Any]:
-    """A state dict in the layout above (``worker`` only for a DataLoader worker's share)."""
-    return {
+    """A state dict in the layout above (``worker`` only for a DataLoader worker's share, and
+    ``read_ahead`` only with it: the wrapper whose held batch the share counts)."""
+    state: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "uri": uri,
         "version": version,
@@ -129,6 +139,9 @@ def make_state(
         "weights": None if weights is None else list(weights),
         **({} if worker is None else {"worker": dict(worker)}),
     }
+    if worker is not None and read_ahead is not None:
+        state["read_ahead"] = read_ahead
+    return state
 
 
 def check_state(
@@ -261,8 +274,10 @@ def state_from_dataloader(dataloader_state: Mapping[str, Any]) -> dict[str, Any]
     a :class:`~lance_prefetch.PrefetchLoader` used with any ``num_workers`` and ``world_size``.
 
     Raises:
-        ValueError: no loader state is in it, the workers' states disagree, or the DataLoader took
-            its last snapshot some steps ago (use ``snapshot_every_n_steps=1``, its default).
+        ValueError: no loader state is in it, the workers' states disagree, the DataLoader took
+            its last snapshot some steps ago (use ``snapshot_every_n_steps=1``, its default), or
+            it was iterated through Ray Train's ``prepare_data_loader`` wrapper and saved before
+            the iteration's end (its workers' states count the batch the wrapper holds).
     """
     if not isinstance(dataloader_state, Mapping):
         raise TypeError(
@@ -290,7 +305,21 @@ def state_from_dataloader(dataloader_state: Mapping[str, Any]) -> dict[str, Any]
             "dataloader_state holds no PrefetchLoader worker states; pass the state_dict() of a "
             "StatefulDataLoader that iterates a PrefetchLoader"
         )
+    ahead = next((s["read_ahead"] for s in states if "read_ahead" in s), None)
+    if ahead is not None and not dataloader_state.get("_iterator_finished", False):
+        raise ValueError(_read_ahead_refusal(ahead))
     return merge_worker_states(states)
+
+
+def _read_ahead_refusal(wrapper: str) -> str:
+    """Why a DataLoader workers' state read through ``wrapper`` is refused, and the fix."""
+    return (
+        f"the DataLoader workers' states count the batch {wrapper} holds ahead of the training "
+        f"step (it started them), so they would resume one batch late; use "
+        f"ray.train.torch.prepare_data_loader(..., move_to_device=False) and move each batch to "
+        f"the device in the step, or save loader.state_after(steps) with the loop's own count of "
+        f"this epoch's steps"
+    )
 
 
 def _same_uri(saved: str, current: str) -> bool:
@@ -358,6 +387,8 @@ def _check_datasets(state: Mapping[str, Any]) -> None:
 
 
 def _check_worker(state: Mapping[str, Any]) -> None:
+    if state.get("read_ahead") is not None:
+        raise ValueError(_read_ahead_refusal(state["read_ahead"]))
     worker = state["worker"]
     if not isinstance(worker, Mapping) or set(worker) != {"id", "num_workers", "start"}:
         raise ValueError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.helpers import batch_ids, collect
+from support.helpers import WORKERS, batch_ids, collect
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
@@ -180,3 +180,47 @@ def test_accelerate_stateful_snapshot_counts_the_steps(ids_1003, accelerator, di
     assert state["position"] == 7
     assert first + resumed(ids_1003, state) == uninterrupted(ids_1003, 0)
     iterator.close()
+
+
+@pytest.mark.slow
+def test_ray_wrapper_over_dataloader_workers_refuses_their_states(ids_1003):
+    """Ray's wrapper over a StatefulDataLoader with a worker: the worker's snapshot after 5 steps
+    counts the 6 batches it delivered (the wrapper holds one), so ``state_from_dataloader``
+    refuses the state (naming the wrapper and the fix), and so does a StatefulDataLoader that
+    loads it (its worker refuses its share); ``loader.state_after(5)`` resumes exactly; at the
+    epoch's end the wrapper holds nothing and the merged state is the epoch's end."""
+    from ray.train.torch.train_loop_utils import _WrappedDataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lance_prefetch import state_from_dataloader
+
+    def stateful(loader: PrefetchLoader) -> StatefulDataLoader:
+        return StatefulDataLoader(
+            loader, batch_size=None, num_workers=1, multiprocessing_context=WORKERS
+        )
+
+    loader = loader_of(ids_1003)
+    data = stateful(loader)
+    iterator = iter(_WrappedDataLoader(data, torch.device("cpu"), False))
+    first = steps(iterator, 5)
+    saved = data.state_dict()
+    share = saved["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
+    assert (share["position"], share["read_ahead"]) == (
+        6,
+        "Ray Train's prepare_data_loader wrapper",
+    )
+    refusal = r"Ray Train's prepare_data_loader wrapper .*move_to_device=False.*state_after"
+    with pytest.raises(ValueError, match=refusal):
+        state_from_dataloader(saved)
+    assert first + resumed(ids_1003, loader.state_after(5)) == uninterrupted(ids_1003, 0)
+    rest = steps(iterator, BATCHES - 5)
+    assert first + rest == uninterrupted(ids_1003, 0)
+    with pytest.raises(StopIteration):
+        next(iterator)
+    state = state_from_dataloader(data.state_dict())
+    assert (state["epoch"], state["position"], "read_ahead" in state) == (0, BATCHES, False)
+
+    again = stateful(loader_of(ids_1003))
+    again.load_state_dict(saved)
+    with pytest.raises(ValueError, match=refusal):
+        next(iter(again))

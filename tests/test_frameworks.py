@@ -184,15 +184,41 @@ def test_accelerate_prepare_gives_every_row_once(tmp_path):
         check_epochs(uri, records(str(tmp_path / f"{name}-{{rank}}.jsonl")), range(2))
 
 
-def test_ray_train_two_workers_driver_and_loop_built_resume_exactly(tmp_path):
-    """TorchTrainer, 2 workers, a local Ray cluster: the first attempt, with the loader built in
-    the driver, fails after 27 steps (epoch 1, batch 7) with a checkpoint reported at that step;
-    Ray Train restarts the workers (``FailureConfig(max_failures=1)``), which build the loader in
-    the train loop, load the checkpoint's state and finish epoch 1 exactly."""
+def ray_runs(tmp_path: Path, *names: str, timeout: float = 280) -> str:
+    """tests/support/ray_runs.py: the example's fits ``names``, on one local Ray cluster; its
+    stdout (a line per fit)."""
+    script = Path(__file__).parent / "support" / "ray_runs.py"
+    return run([sys.executable, str(script), str(tmp_path), *names], timeout=timeout)
+
+
+def check_ray_fits(tmp_path: Path, out: str, names: list[str]) -> None:
+    """Each fit ran 40 steps (27, then 13 after the restart from the step-27 checkpoint), and on
+    each rank epoch k read permutation k, batch for batch: the resumed epoch 1 (its batch 7 on)
+    continues exactly where the failed attempt stopped."""
     uri = str(tmp_path / "data.lance")
-    out = run([sys.executable, str(EXAMPLES / "ray_train.py"), "--uri", uri, "--rows", str(ROWS),
-               "--storage", str(tmp_path / "runs"), "--build", "both", "--stop-after", "27",
-               "--checkpoint-every", "10", "--record", str(tmp_path / "ids-{rank}.jsonl")],
-              timeout=240)  # fmt: skip
-    assert "run ended at step 40" in out
-    check_epochs(uri, records(str(tmp_path / "ids-{rank}.jsonl")), range(2))
+    for name in names:
+        assert f"{name}: run ended at step 40" in out, out
+        steps = records(str(tmp_path / f"{name}-{{rank}}.jsonl"))
+        assert sorted(steps) == [("train", rank, epoch) for rank in range(2) for epoch in range(2)]
+        check_epochs(uri, steps, range(2))
+
+
+def test_ray_train_resumes_exactly_with_and_without_prepare_data_loader(tmp_path):
+    """TorchTrainer, 2 workers, a local Ray cluster, two fits: the loop iterates
+    ``prepare_data_loader(DataLoader(loader, batch_size=None))`` (Ray's wrapper pulls one batch
+    ahead of the step), then the loader itself. The first attempt, with the loader built in the
+    driver, fails after 27 steps (epoch 1, batch 7) with a checkpoint of ``loader.state_dict()``
+    reported at that step; Ray Train restarts the workers (``FailureConfig(max_failures=1)``),
+    which build the loader in the train loop, load the state and finish epoch 1 exactly."""
+    names = ["both+prepare", "both"]
+    check_ray_fits(tmp_path, ray_runs(tmp_path, *names), names)
+
+
+@pytest.mark.system
+@pytest.mark.timeout(600)
+def test_ray_train_loader_built_in_driver_or_in_loop_resumes_exactly(tmp_path):
+    """As above, with the loader built in the driver for both attempts (the restarted workers get
+    a fresh copy of it) and in the train loop for both, each with and without
+    ``prepare_data_loader``."""
+    names = ["driver+prepare", "loop+prepare", "driver", "loop"]
+    check_ray_fits(tmp_path, ray_runs(tmp_path, *names, timeout=560), names)
