@@ -33,10 +33,11 @@ from .sampling import PlannedBatch
 
 __all__ = [
     "Group",
-    "TARGET_ROWS",
-    "TARGET_ROWS_REMOTE",
+    "HELD_FRACTION",
     "LONE_READ",
     "MERGE_GAP",
+    "TARGET_ROWS",
+    "TARGET_ROWS_REMOTE",
     "check_coalesce",
     "coalesce_size",
     "fetch_bytes",
