@@ -12,16 +12,23 @@ prints RSS over time, then a verdict:
   slope of RSS over the samples after warm-up, which one step of the allocator moves little).
 
 Without ``--uri`` it writes a small temporary dataset of ``--rows`` rows (``id`` int64, ``vector``
-``--dim`` x float32, ``label`` int64) and removes it afterwards. With ``--max-growth-mib`` it exits
-with status 1 when the growth after warm-up exceeds that budget. Run::
+``--dim`` x float32, ``label`` int64) and removes it afterwards. ``--uri`` may be an object store
+(``s3://...``, with ``--storage-option KEY=VALUE``); ``--local-s3`` writes the bench's synthetic
+dataset (``--rows`` rows of 128 x float32) to the bench's emulated S3 on 127.0.0.1 (nginx +
+rclone + the latency proxy, all stopped at the end) and soaks against it. ``--max-seconds``
+bounds the soak in time as ``--takes`` does in count. With ``--max-growth-mib`` it exits with
+status 1 when the growth after warm-up exceeds that budget. Run::
 
     .venv/bin/python benchmarks/soak.py [--takes 200000] [--batch-size 8] [--readahead 8]
         [--max-in-flight 4] [--rows 20000] [--uri data.lance] [--plot soak.png]
+    .venv/bin/python benchmarks/soak.py --local-s3 --rows 2000000 --batch-size 256 \
+        --readahead auto --max-in-flight auto --takes 200000 --max-seconds 300
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import sys
 import tempfile
@@ -81,10 +88,12 @@ def soak(
     takes: int,
     *,
     sample_every: int,
+    max_seconds: float | None = None,
     on_batch: Callable[[], None] | None = None,
     on_sample: Callable[[Sample], None] | None = None,
 ) -> list[Sample]:
-    """Read ``takes`` batches from ``loader``, epoch after epoch; RSS every ``sample_every``.
+    """Read ``takes`` batches from ``loader``, epoch after epoch, or fewer once ``max_seconds``
+    have passed; RSS every ``sample_every``.
 
     The first sample is taken before the first batch (``takes=0``), the last after the last one.
     ``on_batch`` is called after every batch (a progress bar's update), ``on_sample`` with every
@@ -105,6 +114,9 @@ def soak(
                 done += 1
                 if on_batch is not None:
                     on_batch()
+                late = max_seconds is not None and time.perf_counter() - start >= max_seconds
+                if late:
+                    takes = done  # the last sample, then stop
                 if done % sample_every == 0 or done == takes:
                     sample = Sample(done, time.perf_counter() - start, process.memory_info().rss)
                     samples.append(sample)
@@ -154,6 +166,25 @@ def plot(samples: Sequence[Sample], verdict: Verdict, path: str, title: str) -> 
     plt.close(figure)
 
 
+def _int_or_auto(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
+def _local_s3(stack: contextlib.ExitStack, rows: int) -> tuple[str, dict[str, str]]:
+    """Start the bench's emulated S3 (stopped with ``stack``), write ``rows`` synthetic rows to
+    it (without the added latency) and return the URI and the storage options to read them
+    through the latency proxy, Lance's request rate pinned at 5,000/s as the bench does."""
+    from lance_prefetch._bench.data import write_synthetic
+    from lance_prefetch._bench.latency_proxy import Latency
+    from lance_prefetch._bench.local_s3 import LocalS3
+
+    s3 = stack.enter_context(LocalS3(latency=Latency()))
+    uri = s3.uri("soak.lance")
+    write_synthetic(uri, rows, storage_options=s3.storage_options(with_latency=False))
+    rate = {"lance_aimd_initial_rate": "5000", "lance_aimd_max_rate": "5000"}
+    return uri, {**s3.storage_options(), **rate}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -162,8 +193,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--batch-size", type=int, default=8, help="rows per batch (default %(default)s)"
     )
-    parser.add_argument("--readahead", type=int, default=8, help="default %(default)s")
-    parser.add_argument("--max-in-flight", type=int, default=4, help="default %(default)s")
+    parser.add_argument(
+        "--readahead", type=_int_or_auto, default=8, help="an int or auto (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-in-flight", type=_int_or_auto, default=4, help="an int or auto (default %(default)s)"
+    )
+    parser.add_argument("--coalesce", type=_int_or_auto, default="auto", help="default %(default)s")
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to Lance with --uri (repeat for several)",
+    )
+    parser.add_argument(
+        "--local-s3",
+        action="store_true",
+        help="write the bench's synthetic dataset (--rows rows) to the bench's emulated S3 on "
+        "127.0.0.1 and soak against it",
+    )
+    parser.add_argument("--max-seconds", type=float, help="stop after this long (default: none)")
     parser.add_argument(
         "--rows",
         type=int,
@@ -204,19 +254,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    with tempfile.TemporaryDirectory(prefix="lance-prefetch-soak-") as tmp:
-        uri = args.uri or write_small(str(Path(tmp) / "soak.lance"), args.rows, dim=args.dim)
+    storage_options = dict(option.split("=", 1) for option in args.storage_option) or None
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="lance-prefetch-soak-"))
+        if args.local_s3:
+            uri, storage_options = _local_s3(stack, args.rows)
+        else:
+            uri = args.uri or write_small(str(Path(tmp) / "soak.lance"), args.rows, dim=args.dim)
         loader = PrefetchLoader(
             uri,
             args.batch_size,
             columns=columns,
             readahead=args.readahead,
             max_in_flight=args.max_in_flight,
+            coalesce=args.coalesce,
+            storage_options=storage_options,
             drop_last=False,
         )
         title = (
             f"{args.takes:,} takes of {args.batch_size} rows, readahead {args.readahead}, "
-            f"max_in_flight {args.max_in_flight}, {loader.num_rows:,} rows "
+            f"max_in_flight {args.max_in_flight}, coalesce {loader.coalesce}, "
+            f"{loader.num_rows:,} rows{' on the emulated S3' if args.local_s3 else ''} "
             f"({len(loader):,} batches an epoch)"
         )
         print(
@@ -238,12 +296,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     sys.stdout.flush()
 
             samples = soak(
-                loader, args.takes, sample_every=sample_every, on_batch=bar.update, on_sample=show
+                loader,
+                args.takes,
+                sample_every=sample_every,
+                max_seconds=args.max_seconds,
+                on_batch=bar.update,
+                on_sample=show,
             )
         verdict = judge(samples, args.warmup)
         seconds = samples[-1].seconds
+        takes = samples[-1].takes
         print(
-            f"{args.takes:,} takes in {seconds:.1f} s ({args.takes / seconds:,.0f} takes/s); "
+            f"{takes:,} takes in {seconds:.1f} s ({takes / seconds:,.0f} takes/s, "
+            f"{takes * args.batch_size / seconds:,.0f} rows/s); "
             f"warm-up RSS {verdict.warmup_rss / MIB:.1f} MiB (after {verdict.warmup_takes:,} "
             f"takes), end RSS {verdict.end_rss / MIB:.1f} MiB, peak after warm-up "
             f"{verdict.peak_rss / MIB:.1f} MiB"

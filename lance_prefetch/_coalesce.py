@@ -9,11 +9,13 @@ in its own order (zero-copy slices).
 
 The rule (``coalesce="auto"``): ``k = ceil(target / batch_size)``, at most ``readahead // 2``
 (so that one group can be read while the previous one is consumed) and at least 1, ``target``
-being :data:`TARGET_ROWS` for local files and :data:`TARGET_ROWS_REMOTE` on object stores, where a
-take's rows that lie close together are fetched by one request (so a larger take needs fewer
-requests a row). An integer ``coalesce`` sets ``k`` itself (``1``: one take per batch). An
-iteration ramps up to ``k``: its first groups hold 1, 2, 4, ... batches, so that its first batch
-waits for one batch's take (and transform) only. Pure code: no Lance, no torch.
+being :data:`TARGET_ROWS` for local files and, on object stores, what :func:`remote_target`
+says for the dataset's density (a take's rows that lie close together are fetched by one
+request, so a larger take needs fewer requests a row only when its rows are dense enough in the
+dataset; :func:`fetch_bytes` and :func:`take_memory` model what such a take reads and holds). An
+integer ``coalesce`` sets ``k`` itself (``1``: one take per batch). An iteration ramps up to
+``k``: its first groups hold 1, 2, 4, ... batches, so that its first batch waits for one batch's
+take (and transform) only. Pure code: no Lance, no torch.
 """
 
 from __future__ import annotations
@@ -31,19 +33,100 @@ from .sampling import PlannedBatch
 
 __all__ = [
     "Group",
+    "HELD_FRACTION",
+    "LONE_READ",
+    "MERGE_GAP",
     "TARGET_ROWS",
     "TARGET_ROWS_REMOTE",
     "check_coalesce",
     "coalesce_size",
+    "fetch_bytes",
     "groups",
+    "remote_target",
+    "requests_per_row",
     "share_size",
     "split",
+    "take_memory",
 ]
 
 #: Rows per ``take`` that ``coalesce="auto"`` aims for on local files ...
 TARGET_ROWS = 4096
-#: ... and on object stores.
+#: ... and, at most, on object stores (see :func:`remote_target`).
 TARGET_ROWS_REMOTE = 16384
+#: On an object store, Lance fetches two of a take's rows with one request when the gap between
+#: them is below this many bytes (the gap is fetched too) ...
+MERGE_GAP = 64 << 10
+#: ... and a row that is fetched alone with a request of about this many bytes.
+LONE_READ = 4 << 10
+#: The part of a take's fetched bytes that Lance holds at once, at most (it decodes as it
+#: fetches; the measurements are in ``docs/benchmarks.md``).
+HELD_FRACTION = 0.5
+
+
+def _mean_gap(rows: int, num_rows: int, row_bytes: float) -> float:
+    """The mean gap in bytes between neighbours of a take of ``rows`` random rows of
+    ``num_rows``."""
+    return max(num_rows, 1) * max(row_bytes, 1.0) / max(rows, 1)
+
+
+def requests_per_row(rows: int, num_rows: int, row_bytes: float) -> float:
+    """Expected requests a row of an object-store ``take`` of ``rows`` distinct random rows out of
+    ``num_rows`` rows of ``row_bytes`` bytes each.
+
+    The gaps between a random take's neighbours are about exponential with mean
+    ``m = num_rows * row_bytes / rows``; a row starts a new request when its gap is at least
+    :data:`MERGE_GAP` ``G``, with probability ``exp(-G / m)``. A sparse take (``m >> G``) thus
+    makes about one request a row, whatever its size; a dense one (``m << G``) few.
+    """
+    return math.exp(-MERGE_GAP / _mean_gap(rows, num_rows, row_bytes))
+
+
+def fetch_bytes(rows: int, num_rows: int, row_bytes: float) -> float:
+    """Expected bytes an object-store ``take`` of ``rows`` random rows out of ``num_rows`` rows of
+    ``row_bytes`` bytes fetches: each merged gap (below :data:`MERGE_GAP` ``G``) is fetched whole,
+    each lone row with :data:`LONE_READ` ``S`` bytes. With ``m`` the mean gap and
+    ``p = exp(-G / m)`` (:func:`requests_per_row`), a row costs
+    ``E[gap; gap < G] + p * S = m * (1 - p) - G * p + p * S`` bytes, at least ``row_bytes``.
+    Near ``rows = num_rows * row_bytes / G`` a take fetches about 40 times its own bytes: this,
+    not its rows, is what it holds while it is read.
+    """
+    gap = _mean_gap(rows, num_rows, row_bytes)
+    p = math.exp(-MERGE_GAP / gap)
+    per_row = gap * (1.0 - p) - MERGE_GAP * p + LONE_READ * p
+    return rows * max(per_row, row_bytes)
+
+
+def take_memory(rows: int, num_rows: int, row_bytes: float, *, remote: bool) -> float:
+    """Bytes one ``take`` of ``rows`` random rows holds while it is read, besides its result: on
+    an object store :data:`HELD_FRACTION` of its :func:`fetch_bytes`; on local files ``0`` (the
+    reads are small and served from the page cache)."""
+    if not remote:
+        return 0.0
+    return HELD_FRACTION * fetch_bytes(rows, num_rows, row_bytes)
+
+
+def remote_target(num_rows: int, row_bytes: float | None) -> int:
+    """Rows a ``take`` aims at on an object store (``coalesce="auto"``), for a dataset of
+    ``num_rows`` rows of ``row_bytes`` bytes (``None``: unknown, :data:`TARGET_ROWS_REMOTE`).
+
+    A larger take pays on an object store only through the neighbours it merges into one request
+    (:func:`requests_per_row`); it costs latency to its first row and the bytes it fetches
+    (:func:`fetch_bytes`, gaps included). Its requests a row fall to ``1/e`` at
+    ``k = num_rows * row_bytes / MERGE_GAP`` rows (neighbours one merge gap apart on average).
+    Hence:
+
+    * ``k <= 2 * TARGET_ROWS_REMOTE`` (a take of ``TARGET_ROWS_REMOTE`` rows saves at least
+      ``1 - exp(-1/2)``, 39%, of its requests): ``k`` within ``[TARGET_ROWS,
+      TARGET_ROWS_REMOTE]``; denser than ``k`` buys few more merges and fetches the gaps;
+    * else (sparse: a take of ``TARGET_ROWS_REMOTE`` rows still makes most of a request a row):
+      :data:`TARGET_ROWS`, as on local files, since growing the take buys no requests.
+    """
+    if not row_bytes:
+        return TARGET_ROWS_REMOTE
+    merging = math.ceil(num_rows * row_bytes / MERGE_GAP)
+    if merging > 2 * TARGET_ROWS_REMOTE:
+        return TARGET_ROWS
+    return min(max(merging, TARGET_ROWS), TARGET_ROWS_REMOTE)
 
 
 def check_coalesce(coalesce: object) -> int | str:

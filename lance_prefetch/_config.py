@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._coalesce import TARGET_ROWS, TARGET_ROWS_REMOTE, coalesce_size
+from ._coalesce import TARGET_ROWS, coalesce_size, remote_target, take_memory
 from ._device import Placement, check_placement
 from ._hedging import HedgePolicy, check_hedge, resolve_hedge
 from ._tuning import START_LEVEL, DepthTuner
@@ -283,7 +283,7 @@ class LoaderConfig:
         of ``num_rows`` rows of ``row_bytes`` bytes each (``None``: not fixed-width, learnt from
         the first reads)."""
         on_store = remote(uri)
-        target = TARGET_ROWS_REMOTE if on_store else TARGET_ROWS
+        target = remote_target(num_rows, row_bytes) if on_store else TARGET_ROWS
         if isinstance(self.readahead, int):
             limit = self.readahead
         elif self.coalesce != "auto":  # readahead="auto" makes room for the takes asked for
@@ -293,6 +293,10 @@ class LoaderConfig:
         else:  # bytes unknown until the first read: the rule alone
             limit = 2 * target
         coalesce = coalesce_size(self.coalesce, self.batch_size, limit, target=target)
+        take_bytes = 0.0
+        if row_bytes:  # what one take holds while read, besides its rows
+            rows = min(coalesce * self.batch_size, num_rows)
+            take_bytes = take_memory(rows, num_rows, row_bytes, remote=on_store)
         tuner = None
         if "auto" in (self.readahead, self.max_in_flight):
             tuner = DepthTuner(
@@ -302,6 +306,7 @@ class LoaderConfig:
                 max_buffer_bytes=self.max_buffer_bytes,
                 row_bytes=row_bytes,
                 batch_size=self.batch_size,
+                take_bytes=take_bytes,
                 level=START_LEVEL,
             )
         permutation = resolve_kind(self.permutation, num_rows) if self.shuffle else "identity"

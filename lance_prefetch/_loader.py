@@ -112,8 +112,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         log_every (float, optional): log :meth:`stats` every this many seconds (INFO, logger
             ``"lance_prefetch.stats"``). Default: ``None``.
         coalesce (int | str, optional): consecutive batches read by one ``take`` and split back;
-            ``"auto"``: ``ceil(4096 / batch_size)`` (``ceil(16384 / batch_size)`` on an object
-            store), at most ``readahead // 2``; an int ``<= readahead``. Default: ``"auto"``.
+            ``"auto"``: ``ceil(4096 / batch_size)``; on an object store ``ceil(k / batch_size)``,
+            ``k`` in ``[4096, 16384]`` where the dataset is dense enough for a take's neighbours
+            to share requests, else 4096 (``_coalesce.remote_target``); there, what Lance
+            fetches for each take in flight counts against ``max_buffer_bytes`` too; at most
+            ``readahead // 2``; an int ``<= readahead``. Default: ``"auto"``.
         cache (str, optional): ``"memory"`` (one scan fills this process's copy) or ``"disk"`` (a
             local copy under ``cache_dir``, shared); same rows, same order. Default: ``None``.
         cache_bytes, cache_dir (optional): with ``cache="memory"``, the most bytes of rows (an int;

@@ -105,6 +105,9 @@ class DepthTuner:
         row_bytes (float | None): bytes a row takes, if known before reading (fixed-width
             columns); else learnt from :meth:`observe`'s figures.
         batch_size (int): rows per batch.
+        take_bytes (float): bytes one take holds while it is read, besides its rows (what Lance
+            fetches for it: :func:`~lance_prefetch._coalesce.take_memory`); each take in flight
+            counts them against ``max_buffer_bytes``. Default: ``0.0``.
         level (int): the starting level (takes in flight). Default: :data:`START_LEVEL`.
         period_s (float): the shortest period between decisions, seconds, ``> 0``. Default: 1.0.
 
@@ -121,6 +124,7 @@ class DepthTuner:
         max_buffer_bytes: int,
         row_bytes: float | None,
         batch_size: int,
+        take_bytes: float = 0.0,
         level: int = START_LEVEL,
         period_s: float = 1.0,
     ) -> None:
@@ -129,6 +133,7 @@ class DepthTuner:
         self.coalesce, self.batch_size = coalesce, batch_size
         self.fixed_readahead, self.fixed_in_flight = readahead, max_in_flight
         self.max_buffer_bytes, self.row_bytes = max_buffer_bytes, row_bytes
+        self.take_bytes = take_bytes
         self.meter, self.history = PeriodMeter(period_s), LevelHistory()
         self.level = self._clamp(level)
         self.phase = Phase.STEADY
@@ -171,15 +176,19 @@ class DepthTuner:
     def _max_level(self) -> int:
         """The highest level the caps allow: ``MAX_LEVEL``, a fixed ``max_in_flight``, and what
         the readahead holds (a fixed ``readahead``, or ``max_buffer_bytes`` once the bytes of a
-        row are known). At least 1: one take being read and one being consumed."""
+        row are known: ``level + 1`` takes' rows and ``level`` takes' ``take_bytes``, those in
+        flight, within it). At least 1: one take being read and one being consumed."""
         cap = MAX_LEVEL
         if self.fixed_in_flight is not None:
             cap = min(cap, self.fixed_in_flight)
         if self.fixed_readahead is not None:
             cap = min(cap, max(self.fixed_readahead // self.coalesce, 1))
+            if self.take_bytes:
+                cap = min(cap, max(int(self.max_buffer_bytes // self.take_bytes), 1))
         elif self.row_bytes:
-            batch_bytes = self.row_bytes * self.batch_size
-            cap = min(cap, max(int(self.max_buffer_bytes // (batch_bytes * self.coalesce)) - 1, 1))
+            rows_bytes = self.row_bytes * self.batch_size * self.coalesce  # one take's rows
+            room = (self.max_buffer_bytes - rows_bytes) // (rows_bytes + self.take_bytes)
+            cap = min(cap, max(int(room), 1))
         return cap
 
     def _clamp(self, level: int) -> int:

@@ -4,6 +4,7 @@ readahead bound in batches, errors at the right batch, resuming mid-group."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from types import SimpleNamespace
@@ -16,13 +17,19 @@ from support.helpers import batch_ids, expected_rank_ids, loop_threads, wait_unt
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
 from lance_prefetch._coalesce import (
+    LONE_READ,
+    MERGE_GAP,
     TARGET_ROWS,
     TARGET_ROWS_REMOTE,
     Group,
     coalesce_size,
+    fetch_bytes,
     groups,
+    remote_target,
+    requests_per_row,
     share_size,
     split,
+    take_memory,
 )
 from lance_prefetch._config import LoaderConfig
 from lance_prefetch._gathered import gathered
@@ -54,13 +61,68 @@ def test_the_auto_rule_on_object_stores(batch_size, readahead, expected):
 
 
 def test_a_loader_aims_at_larger_takes_on_an_object_store(s3, s3_ids_503, ids_1003):
-    """The rule's target follows the dataset's storage: 16,384 rows on S3, 4,096 locally (with
-    readahead="auto" the bound is two takes within max_buffer_bytes, far above here)."""
+    """The rule's target follows the dataset's storage and density: 4,096 rows locally; on S3
+    what remote_target says (503 rows of 8 bytes: every take is dense, 4,096 too)."""
     options = s3.storage_options()
     assert remote(s3_ids_503) and remote(f"{ids_1003} + {s3_ids_503}") and not remote(ids_1003)
-    assert PrefetchLoader(s3_ids_503, 16, storage_options=options).coalesce == 16384 // 16
+    assert remote_target(503, 8) == TARGET_ROWS
+    assert PrefetchLoader(s3_ids_503, 16, storage_options=options).coalesce == 4096 // 16
     assert PrefetchLoader(ids_1003, 16).coalesce == 4096 // 16
     assert PrefetchLoader(s3_ids_503, 16, storage_options=options, readahead=8).coalesce == 4
+
+
+@pytest.mark.parametrize(
+    ("num_rows", "row_bytes", "expected"),
+    [
+        (20_000, 520, TARGET_ROWS),  # dense: the smallest take merges already
+        (200_000, 520, TARGET_ROWS),
+        (2_000_000, 520, 15_870),  # ceil(2e6 * 520 / 65,536): neighbours one merge gap apart
+        (2_000_000, 528, 16_114),
+        (4_000_000, 520, TARGET_ROWS_REMOTE),  # 31,739 <= 2 x 16,384: capped
+        (4_200_000, 520, TARGET_ROWS),  # 33,326 > 2 x 16,384: sparse, growing buys nothing
+        (20_000_000, 520, TARGET_ROWS),
+        (200_000_000, 8, TARGET_ROWS_REMOTE),  # small rows: dense again
+        (20_000_000, None, TARGET_ROWS_REMOTE),  # bytes unknown
+    ],
+)
+def test_the_remote_target_follows_the_density_of_a_take(num_rows, row_bytes, expected):
+    assert remote_target(num_rows, row_bytes) == expected
+
+
+def test_what_a_take_on_an_object_store_fetches_and_holds():
+    """One request a row when sparse, few when dense; a lone row fetches LONE_READ bytes, a take
+    of every row the dataset's bytes; near the density where neighbours merge, a take fetches
+    ~36 times its rows' bytes (2M rows of 520 bytes: 16,384 rows fetch ~311 MB, measured 313 MB
+    in docs/benchmarks.md), half of which it holds; local files hold nothing extra."""
+    assert requests_per_row(16_384, 2_000_000, 520) == pytest.approx(
+        math.exp(-MERGE_GAP * 16_384 / (2_000_000 * 520))
+    )
+    assert requests_per_row(1, 10**9, 520) == pytest.approx(1.0, abs=1e-6)
+    assert requests_per_row(10**6, 10**6, 520) < 1e-50
+    assert fetch_bytes(1, 10**9, 520) == pytest.approx(LONE_READ, rel=1e-3)
+    assert fetch_bytes(10**6, 10**6, 520) == pytest.approx(520e6)
+    assert fetch_bytes(16_384, 2_000_000, 520) == pytest.approx(311_116_000, rel=1e-3)
+    assert fetch_bytes(16_384, 2_000_000, 520) / (16_384 * 520) == pytest.approx(36.5, abs=0.1)
+    held = take_memory(16_384, 2_000_000, 520, remote=True)
+    assert held == pytest.approx(fetch_bytes(16_384, 2_000_000, 520) / 2)
+    assert take_memory(16_384, 2_000_000, 520, remote=False) == 0.0
+
+
+def test_a_2m_row_object_store_source_resolves_to_the_rule_and_one_take_in_flight():
+    """The issue's case: 2M rows of 520 bytes on S3, batches of 256, the defaults: 62 batches a
+    take (the rule), and one take in flight, since a take holds ~148 MiB while read and two do
+    not fit 256 MiB (was: 64 batches, up to 29 takes in flight); locally, 16 batches and the
+    byte cap of rows alone."""
+    config = LoaderConfig(batch_size=256)
+    on_s3 = config.resolve(row_bytes=520, num_rows=2_000_000, uri="s3://bucket/d.lance")
+    assert on_s3.coalesce == math.ceil(15_870 / 256) == 62
+    assert on_s3.tuner.take_bytes == pytest.approx(
+        take_memory(62 * 256, 2_000_000, 520, remote=True)
+    )
+    assert on_s3.tuner.restart().max_in_flight == 1
+    local = config.resolve(row_bytes=520, num_rows=2_000_000, uri="/data/d.lance")
+    assert local.coalesce == 16 and local.tuner.take_bytes == 0.0
+    assert local.tuner.restart().max_in_flight == 4
 
 
 def test_an_explicit_coalesce_is_kept_up_to_readahead():

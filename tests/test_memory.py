@@ -250,7 +250,8 @@ def test_soak_script_runs_on_a_tiny_size(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[1] == (
-        "300 takes of 4 rows, readahead 8, max_in_flight 4, 500 rows (125 batches an epoch)"
+        "300 takes of 4 rows, readahead 8, max_in_flight 4, coalesce 4, 500 rows (125 batches "
+        "an epoch)"
     )
     assert "| 300 |" in done.stdout
     assert any(line.startswith("300 takes in ") and "warm-up RSS" in line for line in lines)

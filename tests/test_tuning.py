@@ -342,6 +342,21 @@ def test_caps_bound_the_level():
     assert bounds.readahead * 100 * 100 <= 1 << 20 and bounds.max_in_flight == 13  # all it holds
 
 
+def test_the_bytes_a_take_holds_while_read_count_against_max_buffer_bytes():
+    """take_bytes (what Lance fetches for a take in flight) counts per take in flight: 1 MiB,
+    takes of 8 batches of 10 KB (80 KB of rows) holding 160 KB more while read: (1,048,576 -
+    80,000) // (80,000 + 160,000) = 4 in flight; one take even when one alone is over budget;
+    with a fixed readahead, 1 MiB // 400 KB = 2."""
+    tuner = make_tuner(max_buffer_bytes=1 << 20, coalesce=8, take_bytes=160_000.0)
+    feed = Feed(tuner)
+    for _ in range(10):
+        feed.period(0.9, tuner.level * 1000.0)  # always pays: only the caps stop it
+    assert tuner.level == 4 and tuner.bounds() == Bounds(readahead=5 * 8, max_in_flight=4)
+    assert make_tuner(coalesce=8, take_bytes=float(1 << 40)).bounds().max_in_flight == 1
+    fixed = make_tuner(readahead=80, coalesce=8, max_buffer_bytes=1 << 20, take_bytes=400_000.0)
+    assert fixed.bounds().max_in_flight == 2
+
+
 def test_resize_refuses_a_readahead_below_an_item():
     gate = threading.Event()
     iterator = BlockingPrefetcher(
