@@ -20,7 +20,16 @@ from ._config import DEFAULT_MAX_BUFFER_BYTES, DEFAULT_RETRY, HedgePolicy, Loade
 from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade, loader_identity, loader_repr
-from ._frameworks import ReadAhead, dispatcher_of, find_read_ahead, reads_every_rank
+from ._frameworks import (
+    AccelerateDispatcher,
+    ReadAhead,
+    SavedWhenPickled,
+    dispatcher_of,
+    find_read_ahead,
+    pass_through_prepared,
+    reads_every_rank,
+    refuse_stateful_dispatch,
+)
 from ._iteration import LazyIteration, LoaderIterator, start_iteration
 from ._multi import epoch_view, naming_rows, open_sources
 from ._positions import Decision, DeliveryCounter, end_position, plan_resume, saved_position
@@ -195,7 +204,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._counter: DeliveryCounter | None = None  # ... and how far it got
         self._ahead: ReadAhead | None = None  # ... and the wrapper that reads it ahead, if any
         # ... or, in a process of Accelerate's dispatcher that does not read, that dispatcher
-        self._follower: ReadAhead | None = None
+        self._follower: AccelerateDispatcher | None = None
         self._audit: EpochAudit | None = None  # ... and its coverage audit
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
         self._worker_resume: tuple[Decision, int] | None = None  # (decision, skip) in a worker
@@ -272,6 +281,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         if epoch > MAX_EPOCH:
             raise ValueError(f"epoch should be <= 2**62, but got epoch={epoch}")
         self._control.set_epoch(epoch)
+        # Accelerate's wrappers call this at each iteration's start, before any DataLoader worker
+        # starts: an IterableDatasetShard is made a pass-through here; the frame of a dispatcher's
+        # generator tells a process that reads nothing how many steps it took
+        if reads_every_rank(self) and get_worker_info() is None and self.rank != 0:
+            self._follower = dispatcher_of(self, self._follower)
 
     def epoch_plan(self, epoch: int | None = None, *, start: int = 0) -> EpochPlan:
         """The :class:`~lance_prefetch.sampling.EpochPlan` of ``epoch`` (default: :attr:`epoch`)
@@ -317,7 +331,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
                 reads nothing (take the main process's state, or :meth:`state_after`).
         """
         counter, follower = self._counter, self._follower
-        if follower is not None and counter is None:
+        if follower is not None and counter is None:  # a process of the dispatcher but the main
             return self._followed(follower)
         live = any(it.started and not it.closed for it in self._iterators)
         ahead = self._ahead
@@ -333,22 +347,18 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         )
         return self._state(epoch, position, worker)
 
-    def _followed(self, dispatcher: ReadAhead) -> dict[str, Any]:
-        """The state in a process of Accelerate's dispatcher that reads nothing: Accelerate's own
-        snapshot at the epoch's end is the end; anything else cannot be known here."""
-        if dispatcher.wrapper.end_of_dataloader:  # the epoch is over
-            return self._state(self.epoch, self._end(), None)
-        if not dispatcher.snapshot():
-            raise RuntimeError(
-                "under Accelerate's DataLoaderDispatcher only the main process reads this "
-                "loader, so this process cannot tell how far the epoch got; save the main "
-                "process's loader.state_dict() (accelerator.is_main_process) and load it on "
-                "every process, or save loader.state_after(steps) with the loop's own count"
-            )
-        # Accelerate snapshots every process's state; only the main process's resumes
-        pending = self._control.pending()
-        epoch, start = pending if pending is not None else (self.epoch, 0)
-        return self._state(epoch, min(start, self._end()), None)
+    def _followed(self, dispatcher: AccelerateDispatcher) -> dict[str, Any]:
+        """The state in a process of Accelerate's dispatcher that reads nothing, which follows the
+        main process's (:meth:`~lance_prefetch._frameworks.AccelerateDispatcher.followed`); when
+        Accelerate itself snapshots, computed again when saved
+        (:class:`~lance_prefetch._frameworks.SavedWhenPickled`)."""
+
+        def now() -> dict[str, Any]:
+            # set by the dispatcher's set_epoch, or loaded
+            pending = self._control.pending() or (self.epoch, 0)
+            return self._state(*(self._follower or dispatcher).followed(pending, self._end()), None)
+
+        return SavedWhenPickled(now) if dispatcher.snapshot() else now()
 
     def state_after(self, batches: int, *, epoch: int | None = None) -> dict[str, Any]:
         """The state after this rank's training loop consumed its first ``batches`` batches of
@@ -456,7 +466,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         every_rank = self._every_rank or reads_every_rank(self)
         # under Accelerate's dispatcher a process other than the main one reads nothing
         follows = every_rank and worker is None and self._current_ranks()[0] != 0
-        self._follower = dispatcher_of(self) if follows else None
+        self._follower = dispatcher_of(self, self._follower) if follows else None
         iteration = LazyIteration(functools.partial(self._begin, worker, ident, every_rank))
         self._iterators.add(iteration)
         if worker is not None:
@@ -524,6 +534,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         if multiprocessing.context.get_spawning_popen() is not None:
             self._current_ranks()  # DataLoader workers read the ranks this process has now
             state["_every_rank"] = self._every_rank or reads_every_rank(self)
+            refuse_stateful_dispatch(self)
+            pass_through_prepared(self)  # the shard over this loader, pickled after it
         del state["_iterators"], state["_counter"], state["_telemetry"], state["_audit"]
         del state["_ahead"], state["_follower"]
         return state
