@@ -327,8 +327,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         Raises:
             RuntimeError: the current iteration runs in DataLoader worker processes (use
                 torchdata's ``StatefulDataLoader``, or :meth:`state_after`); or this is a
-                process of Accelerate's ``DataLoaderDispatcher`` other than the main one, which
-                reads nothing (take the main process's state, or :meth:`state_after`).
+                process of Accelerate's ``DataLoaderDispatcher`` other than the main one (it
+                reads nothing: its state follows the main one's, from its dispatcher's step
+                count) and that count cannot be read (an Accelerate it does not know).
         """
         counter, follower = self._counter, self._follower
         if follower is not None and counter is None:  # a process of the dispatcher but the main
