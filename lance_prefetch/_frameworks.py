@@ -40,22 +40,28 @@ starts them), so that their states carry a mark that refuses them (:mod:`lance_p
 
 from __future__ import annotations
 
+import collections
 import math
 import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any, Literal
 
 __all__ = [
+    "AccelerateDispatcher",
     "EpochSetter",
     "ReadAhead",
+    "SavedWhenPickled",
     "accelerate_caller",
     "dispatcher_of",
     "find_read_ahead",
     "lightning_fit_loop",
     "pass_through",
+    "pass_through_prepared",
     "reads_every_rank",
+    "refuse_stateful_dispatch",
     "warn_unset_epochs",
     "workers_read_ahead_by",
 ]
@@ -112,6 +118,24 @@ def pass_through(shard: Any) -> None:
     shard.batch_size, shard.split_batches = 1, False
 
 
+def pass_through_prepared(dataset: Any) -> None:
+    """Make the ``IterableDatasetShard`` over ``dataset`` a pass-through when Accelerate's
+    ``DataLoaderShard`` that holds it calls (it starts DataLoader workers, which get the shard
+    pickled, before any of the shard's own calls reach the loader: a StatefulDataLoader does as
+    the wrapper is built)."""
+    module = sys.modules.get("accelerate.data_loader")
+    shard_cls = getattr(module, "DataLoaderShard", None)
+    dataset_shard_cls = getattr(module, "IterableDatasetShard", None)
+    if shard_cls is None or dataset_shard_cls is None:
+        return
+    for caller, _ in _callers(2):
+        if isinstance(caller, shard_cls):
+            inner = getattr(getattr(caller, "base_dataloader", None), "dataset", None)
+            if isinstance(inner, dataset_shard_cls) and inner.dataset is dataset:
+                pass_through(inner)
+                return
+
+
 def reads_every_rank(dataset: Any) -> bool:
     """Whether Accelerate's dispatcher calls over ``dataset`` (this process must then read every
     rank's batches); an ``IterableDatasetShard`` that calls is made a pass-through."""
@@ -119,6 +143,31 @@ def reads_every_rank(dataset: Any) -> bool:
     if caller is not None and caller[0] == "shard":
         pass_through(caller[1])
     return caller is not None and caller[0] == "dispatcher"
+
+
+def refuse_stateful_dispatch(dataset: Any) -> None:
+    """Refuse to start DataLoader workers for Accelerate's ``DataLoaderDispatcher`` with
+    ``use_stateful_dataloader=True`` (called as the loader is pickled for a worker, in every
+    process: none of them then waits for the others).
+
+    Raises:
+        RuntimeError: that dispatcher calls. Its snapshots, taken before each batch it pulls,
+            hold the DataLoader workers' states of the batches already pulled for the next step
+            (up to a round ahead), and a worker's state cannot be taken back: a resume would skip
+            them.
+    """
+    caller = accelerate_caller(dataset)
+    if caller is None or caller[0] != "dispatcher":
+        return
+    if getattr(caller[1], "use_stateful_dataloader", False):
+        raise RuntimeError(
+            "Accelerate's DataLoaderDispatcher with use_stateful_dataloader=True cannot "
+            "checkpoint this loader exactly in DataLoader workers: its snapshots hold the "
+            "workers' states of batches pulled ahead of the training step; use "
+            "DataLoaderConfiguration(dispatch_batches=False, use_stateful_dataloader=True) (each "
+            "process reads its own share), or num_workers=0, or save loader.state_after(steps) "
+            "without use_stateful_dataloader"
+        )
 
 
 class ReadAhead:
@@ -144,10 +193,10 @@ class ReadAhead:
 
     def snapshot(self) -> bool:
         """Whether the wrapper itself is asking for the state now (Accelerate snapshots the
-        state, through a StatefulDataLoader, in ``_update_state_dict``, before it pulls)."""
-        return any(
-            caller is self.wrapper and name == "_update_state_dict" for caller, name in _callers(2)
-        )
+        state of a StatefulDataLoader when it builds the wrapper, in ``__init__``, and in
+        ``_update_state_dict``, before it pulls)."""
+        names = ("_update_state_dict", "__init__")
+        return any(caller is self.wrapper and name in names for caller, name in _callers(2))
 
 
 class _RayWrapper(ReadAhead):
@@ -175,7 +224,7 @@ class _AccelerateShard(ReadAhead):
         return min(delivered, 1)
 
 
-class _AccelerateDispatcher(ReadAhead):
+class AccelerateDispatcher(ReadAhead):
     """Accelerate's ``DataLoaderDispatcher``: the main process pulls a round (``num_processes``
     batches, one with ``split_batches``) per step and the next round before it yields, so between
     steps it holds the last round pulled (maybe short at the epoch's end); none once it flagged the
@@ -184,14 +233,60 @@ class _AccelerateDispatcher(ReadAhead):
 
     name = "Accelerate's DataLoaderDispatcher"
 
+    def __init__(self, wrapper: Any, frame: FrameType | None = None) -> None:
+        super().__init__(wrapper)
+        self.frame = frame  # its __iter__ generator's frame, where known
+
+    @property
+    def round_size(self) -> int:
+        """Global batches per step: ``num_processes``, or 1 with ``split_batches``."""
+        dispatcher = self.wrapper
+        return 1 if dispatcher.split_batches else dispatcher.state.num_processes
+
     def held(self, delivered: int) -> int:
         dispatcher = self.wrapper
         if dispatcher.end_of_dataloader or delivered == 0:
             return 0
-        size = 1 if dispatcher.split_batches else dispatcher.state.num_processes
+        size = self.round_size
         if self.snapshot():
             return delivered % size
         return delivered - size * (math.ceil(delivered / size) - 1)
+
+    def taken(self) -> int | None:
+        """Steps (rounds) its latest iteration handed to the training step, skipped ones
+        (``skip_first_batches``) included: ``0`` before any iteration began (:attr:`frame` is
+        ``None``); else its generator's ``batch_index`` (the round being yielded) plus one, as
+        the generator waits at a ``yield`` between steps. ``None``: the generator keeps no
+        ``batch_index`` (an Accelerate this module does not know)."""
+        if self.frame is None:
+            return 0
+        index = self.frame.f_locals.get("batch_index")
+        return index + 1 if isinstance(index, int) else None
+
+    def followed(self, pending: tuple[int, int], end: int) -> tuple[int, int]:
+        """``(epoch, position)`` in a process other than the main one, which reads nothing: the
+        main process reads a round of global batches per step and deals it out, so after
+        :meth:`taken` steps of an iteration of ``pending = (epoch, start)`` the steps consumed
+        ``start + taken * round_size`` (the main process's state); ``end`` once it is over.
+
+        Raises:
+            RuntimeError: :meth:`taken` is unknown.
+        """
+        epoch, start = pending
+        if self.wrapper.end_of_dataloader:  # the epoch is over
+            return epoch, end
+        taken = self.taken()
+        if taken is None:
+            raise RuntimeError(
+                "under Accelerate's DataLoaderDispatcher only the main process reads this "
+                "loader, and this process cannot tell how many steps its dispatcher took (an "
+                "Accelerate version lance-prefetch does not know); save the main process's "
+                "loader.state_dict() (accelerator.is_main_process) and load it on every process, "
+                "save loader.state_after(steps) with the loop's own count, or use "
+                "DataLoaderConfiguration(dispatch_batches=False)"
+            )
+        consumed = taken * self.round_size if taken else 0  # (at 0 maybe not fully built yet)
+        return epoch, min(start + consumed, end)
 
 
 def find_read_ahead(dataset: Any) -> ReadAhead | None:
@@ -203,7 +298,7 @@ def find_read_ahead(dataset: Any) -> ReadAhead | None:
     kinds = [
         (getattr(ray, "_WrappedDataLoader", None), _RayWrapper),
         (getattr(accelerate, "DataLoaderShard", None), _AccelerateShard),
-        (getattr(accelerate, "DataLoaderDispatcher", None), _AccelerateDispatcher),
+        (getattr(accelerate, "DataLoaderDispatcher", None), AccelerateDispatcher),
     ]
     kinds = [(cls, kind) for cls, kind in kinds if cls is not None]
     if not kinds:
@@ -231,13 +326,51 @@ def _reads(wrapper: Any, dataset: Any) -> bool:
     return held is dataset or getattr(held, "dataset", None) is dataset
 
 
-def dispatcher_of(dataset: Any) -> ReadAhead | None:
+def dispatcher_of(
+    dataset: Any, known: AccelerateDispatcher | None = None
+) -> AccelerateDispatcher | None:
     """Accelerate's ``DataLoaderDispatcher`` over ``dataset`` among the callers of the current
-    call (the loader's ``__iter__``), as a :class:`ReadAhead`, or ``None``."""
+    call (the loader's ``__iter__`` or ``set_epoch``), as a :class:`ReadAhead` that holds the frame
+    of the dispatcher's ``__iter__`` generator when that is among the callers too (it calls
+    ``set_epoch`` at each iteration's start); else ``known`` if it is of the same dispatcher (a
+    StatefulDataLoader's first iteration is made as the dispatcher is built, outside it), or
+    ``None``."""
     caller = accelerate_caller(dataset)
     if caller is None or caller[0] != "dispatcher":
-        return None
-    return _AccelerateDispatcher(caller[1])
+        return known
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_DEPTH):
+        if frame is None or (
+            frame.f_locals.get("self") is caller[1] and frame.f_code.co_name == "__iter__"
+        ):
+            break
+        frame = frame.f_back
+    if frame is None and known is not None and known.wrapper is caller[1]:
+        return known
+    return AccelerateDispatcher(caller[1], frame)
+
+
+class SavedWhenPickled(dict):
+    """A state that is computed again whenever it is pickled (or copied), and then stands as a
+    plain ``dict``.
+
+    A process of Accelerate's ``DataLoaderDispatcher`` other than the main one snapshots its
+    StatefulDataLoader's state only when the dispatcher is built and at an epoch's end, yet
+    ``accelerator.save_state`` writes that snapshot from every process to one
+    ``dl_state_dict.bin``: the loader hands it this dict, which ``torch.save`` turns into the
+    state at save time (the main process's own snapshot, in the same file), an ``OrderedDict``
+    once loaded.
+    """
+
+    def __init__(self, compute: Callable[[], dict[str, Any]]) -> None:
+        super().__init__(compute())
+        self._compute = compute
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        self.clear()
+        self.update(self._compute())
+        # an OrderedDict: what torch.load(weights_only=True) (Accelerate's load_state) rebuilds
+        return collections.OrderedDict, (list(self.items()),)
 
 
 class EpochSetter:

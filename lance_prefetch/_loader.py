@@ -21,11 +21,15 @@ from ._coverage import AuditReport, Share
 from ._epochs import MAX_EPOCH, EpochControl
 from ._facade import SourceFacade, loader_identity, loader_repr
 from ._frameworks import (
+    AccelerateDispatcher,
     EpochSetter,
     ReadAhead,
+    SavedWhenPickled,
     dispatcher_of,
     find_read_ahead,
+    pass_through_prepared,
     reads_every_rank,
+    refuse_stateful_dispatch,
     warn_unset_epochs,
     workers_read_ahead_by,
 )
@@ -213,7 +217,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._counter: DeliveryCounter | None = None  # ... and how far it got
         self._ahead: ReadAhead | None = None  # ... and the wrapper that reads it ahead, if any
         # ... or, in a process of Accelerate's dispatcher that does not read, that dispatcher
-        self._follower: ReadAhead | None = None
+        self._follower: AccelerateDispatcher | None = None
         self._audit: EpochAudit | None = None  # ... and its coverage audit
         self._audit_memory = AuditMemory()  # the audit's record of a loaded state (resumes)
         self._control = EpochControl()  # shared with this loader's copies in DataLoader workers
@@ -294,6 +298,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         if epoch > MAX_EPOCH:
             raise ValueError(f"epoch should be <= 2**62, but got epoch={epoch}")
         self._control.set_epoch(epoch)
+        # Accelerate's wrappers call this at each iteration's start, before any DataLoader worker
+        # starts: an IterableDatasetShard is made a pass-through here; the frame of a dispatcher's
+        # generator tells a process that reads nothing how many steps it took
+        if reads_every_rank(self) and get_worker_info() is None and self.rank != 0:
+            self._follower = dispatcher_of(self, self._follower)
 
     @property
     def sampler(self) -> EpochSetter:
@@ -349,11 +358,12 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         Raises:
             RuntimeError: the current iteration runs in DataLoader worker processes (use
                 torchdata's ``StatefulDataLoader``, or :meth:`state_after`); or this is a
-                process of Accelerate's ``DataLoaderDispatcher`` other than the main one, which
-                reads nothing (take the main process's state, or :meth:`state_after`).
+                process of Accelerate's ``DataLoaderDispatcher`` other than the main one (it
+                reads nothing: its state follows the main one's, from its dispatcher's step
+                count) and that count cannot be read (an Accelerate it does not know).
         """
         counter, follower = self._counter, self._follower
-        if follower is not None and counter is None:
+        if follower is not None and counter is None:  # a process of the dispatcher but the main
             return self._followed(follower)
         live = any(it.started and not it.closed for it in self._iterators)
         ahead = self._ahead
@@ -369,22 +379,18 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         )
         return self._state(epoch, position, worker)
 
-    def _followed(self, dispatcher: ReadAhead) -> dict[str, Any]:
-        """The state in a process of Accelerate's dispatcher that reads nothing: Accelerate's own
-        snapshot at the epoch's end is the end; anything else cannot be known here."""
-        if dispatcher.wrapper.end_of_dataloader:  # the epoch is over
-            return self._state(self.epoch, self._end(), None)
-        if not dispatcher.snapshot():
-            raise RuntimeError(
-                "under Accelerate's DataLoaderDispatcher only the main process reads this "
-                "loader, so this process cannot tell how far the epoch got; save the main "
-                "process's loader.state_dict() (accelerator.is_main_process) and load it on "
-                "every process, or save loader.state_after(steps) with the loop's own count"
-            )
-        # Accelerate snapshots every process's state; only the main process's resumes
-        pending = self._control.pending()
-        epoch, start = pending if pending is not None else (self.epoch, 0)
-        return self._state(epoch, min(start, self._end()), None)
+    def _followed(self, dispatcher: AccelerateDispatcher) -> dict[str, Any]:
+        """The state in a process of Accelerate's dispatcher that reads nothing, which follows the
+        main process's (:meth:`~lance_prefetch._frameworks.AccelerateDispatcher.followed`); when
+        Accelerate itself snapshots, computed again when saved
+        (:class:`~lance_prefetch._frameworks.SavedWhenPickled`)."""
+
+        def now() -> dict[str, Any]:
+            # set by the dispatcher's set_epoch, or loaded
+            pending = self._control.pending() or (self.epoch, 0)
+            return self._state(*(self._follower or dispatcher).followed(pending, self._end()), None)
+
+        return SavedWhenPickled(now) if dispatcher.snapshot() else now()
 
     def state_after(self, batches: int, *, epoch: int | None = None) -> dict[str, Any]:
         """The state after this rank's training loop consumed its first ``batches`` batches of
@@ -491,7 +497,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         every_rank = self._every_rank or reads_every_rank(self)
         # under Accelerate's dispatcher a process other than the main one reads nothing
         follows = every_rank and worker is None and self._current_ranks()[0] != 0
-        self._follower = dispatcher_of(self) if follows else None
+        self._follower = dispatcher_of(self, self._follower) if follows else None
         iteration = LazyIteration(functools.partial(self._begin, worker, ident, every_rank))
         self._iterators.add(iteration)
         if worker is not None:
@@ -562,6 +568,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             state["_every_rank"] = self._every_rank or reads_every_rank(self)
             # the workers' states will count what this wrapper (starting them) holds: marked
             state["_read_ahead_by"] = workers_read_ahead_by(self)
+            refuse_stateful_dispatch(self)
+            pass_through_prepared(self)  # the shard over this loader, pickled after it
         del state["_iterators"], state["_counter"], state["_telemetry"], state["_audit"]
         del state["_ahead"], state["_follower"]
         return state

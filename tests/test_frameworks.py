@@ -222,3 +222,83 @@ def test_ray_train_loader_built_in_driver_or_in_loop_resumes_exactly(tmp_path):
     ``prepare_data_loader``."""
     names = ["driver+prepare", "loop+prepare", "driver", "loop"]
     check_ray_fits(tmp_path, ray_runs(tmp_path, *names, timeout=560), names)
+
+
+def accelerate_resumes(tmp_path: Path, cases: list[str], timeout: float = 150) -> dict:
+    """tests/support/accelerate_resume.py over ``cases`` in one launch: ``(case, stop epoch) ->
+    {rank: (steps, refusal)}``, ``steps`` as :func:`records` keys them (``"train"``)."""
+    script = Path(__file__).parent / "support" / "accelerate_resume.py"
+    run([*TORCHRUN, str(script), str(tmp_path), *cases], timeout=timeout)
+    results = {}
+    for case in cases:
+        for stop in (0, 1):
+            for rank in range(2):
+                lines = (tmp_path / f"{case}-{stop}-{rank}.jsonl").read_text().splitlines()
+                steps, refused = {}, None
+                for record in map(json.loads, lines):
+                    if "refused" in record:
+                        refused = record["refused"]
+                    else:
+                        steps.setdefault(("train", rank, record["epoch"]), []).append(record["ids"])
+                results.setdefault((case, stop), {})[rank] = (steps, refused)
+    return results
+
+
+def check_accelerate_resumed(uri: str, results: dict, case: str) -> None:
+    """Stopped after 7 steps of epoch 0, and of epoch 1, then resumed: each process read, batch
+    for batch, what the uninterrupted run reads (its rank's plan: 20 steps an epoch)."""
+    for stop in (0, 1):
+        steps = {}
+        for rank in range(2):
+            rank_steps, refused = results[case, stop][rank]
+            assert refused is None, (case, stop, refused)
+            steps.update(rank_steps)
+        check_epochs(uri, steps, range(2))
+
+
+RESUMED = [
+    "stateful-dispatch",
+    "stateful-shard",
+    "own-dispatch",
+    "own-shard",
+    "after-dispatch",
+    "skip-dispatch",
+    "skip-shard",
+]
+
+
+def test_accelerate_checkpoints_resume_exactly(tmp_path):
+    """Accelerate over 2 processes, stopped after 7 steps of epoch 0 (and of epoch 1) and resumed
+    by a new Accelerator, loader and DataLoader: ``save_state``/``load_state`` with
+    ``use_stateful_dataloader=True`` under the default dispatcher (every process writes
+    dl_state_dict.bin: the one that reads nothing follows the main one) and with
+    ``dispatch_batches=False``; the main process's ``loader.state_dict()`` under both;
+    ``state_after(7)``; ``skip_first_batches(data, 7)`` under both. Each reads exactly the
+    uninterrupted run's batches; the dispatcher with use_stateful_dataloader and 2 spawn workers
+    refuses at ``prepare``, on both processes, naming the fix."""
+    uri = str(tmp_path / "data.lance")
+    results = accelerate_resumes(tmp_path, [*RESUMED, "stateful-dispatch-workers"])
+    for case in RESUMED:
+        check_accelerate_resumed(uri, results, case)
+    for stop in (0, 1):
+        for rank in range(2):
+            steps, refused = results["stateful-dispatch-workers", stop][rank]
+            assert steps == {}
+            assert refused.startswith(
+                "RuntimeError: Accelerate's DataLoaderDispatcher with use_stateful_dataloader=True "
+                "cannot checkpoint this loader exactly in DataLoader workers"
+            )
+            assert "dispatch_batches=False" in refused and "num_workers=0" in refused
+
+
+@pytest.mark.system
+@pytest.mark.timeout(400)
+def test_accelerate_stateful_shard_with_spawn_workers_resumes_exactly(tmp_path):
+    """``dispatch_batches=False``, ``use_stateful_dataloader=True``, 2 spawn DataLoader workers
+    per process (persistent): ``save_state`` after 7 steps of epoch 0 (and of epoch 1),
+    ``load_state`` in a new run: the uninterrupted run's batches (the IterableDatasetShard that
+    Accelerate pickles into the workers as it builds the wrapper is a pass-through)."""
+    uri = str(tmp_path / "data.lance")
+    check_accelerate_resumed(
+        uri, accelerate_resumes(tmp_path, ["stateful-shard-workers"], 360), "stateful-shard-workers"
+    )
