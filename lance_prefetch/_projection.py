@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["BLOB_KEY", "Projection", "is_blob"]
+__all__ = ["BLOB_KEY", "Projection", "field_at", "is_blob"]
 
 #: The field metadata that makes Lance store a large binary column out of line.
 BLOB_KEY = b"lance-encoding:blob"
@@ -108,22 +108,36 @@ class Projection:
         return pa.RecordBatch.from_arrays(arrays, schema=self._storage)
 
 
-def _resolve(schema: pa.Schema, name: str, where: str) -> pa.Field:
-    """The field ``name`` names, renamed ``name`` (a path's parents' nulls are its own)."""
-    first, *rest = name.split(".")
+def field_at(schema: pa.Schema, path: str, *, label: str, where: str) -> pa.Field:
+    """The field a dotted ``path`` names (``"meta.doc"``: field ``doc`` of the struct column
+    ``meta``; Lance refuses a ``"."`` in a name, so a dotted name is a path), its top-level
+    column known to be in ``schema``.
+
+    Raises:
+        ValueError: a step of the path is no struct or has no such field; the message starts
+            with ``label`` (what asked, e.g. ``"columns: 'a.b'"``) and names ``where``.
+    """
+    first, *rest = path.split(".")
     field, walked = schema.field(first), first
     for part in rest:
         if not pa.types.is_struct(field.type):
             raise ValueError(
-                f"columns: {name!r} names a field inside {walked!r}, but {walked!r} in {where} "
-                f"has type {field.type}, not a struct; name {walked!r} itself"
+                f"{label}: {walked!r} in {where} has type {field.type}, not a struct; name "
+                f"{walked!r} itself"
             )
         names = [child.name for child in field.type]
         if part not in names:
             raise ValueError(
-                f"columns: {name!r} is not in {where}: the struct {walked!r} has the fields {names}"
+                f"{label}: no such field in {where}: the struct {walked!r} has the fields {names}"
             )
         field, walked = field.type.field(part), f"{walked}.{part}"
+    return field
+
+
+def _resolve(schema: pa.Schema, name: str, where: str) -> pa.Field:
+    """The field ``name`` names, renamed ``name`` (a path's parents' nulls are its own)."""
+    field = field_at(schema, name, label=f"columns: {name!r}", where=where)
+    rest = name.split(".")[1:]
     if pa.types.is_struct(field.type) and _holds_blob(field):  # its descriptors, not its bytes
         raise ValueError(
             f"columns: the struct {name!r} in {where} holds a blob field, which is read by its "

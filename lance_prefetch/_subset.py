@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from ._cache import with_cache
 from ._config import LoaderConfig, SourceOptions
 from ._errors import lance_message
+from ._projection import field_at
 from ._source import LanceSource, RowSource, ShortReadError
 from .convert import check_schema
 from .permutation import index_dtype
@@ -244,26 +245,12 @@ def _check_key(source: LanceSource, key: str) -> None:
     """Refuse a ``by`` that names no column or struct field (``"meta.doc"``: field ``doc`` of
     the struct ``meta``), or one of a type that is no key."""
     schema, where = source.dataset_schema, f"{source.uri!r} version {source.version}"
-    first, *rest = key.split(".")  # Lance refuses a "." in a name: a dotted name is a path
-    if first not in schema.names:
+    if key.split(".")[0] not in schema.names:
         raise ValueError(
             f"split by={key!r}: no such column in {where}; its columns are {schema.names} (or "
             f"by='position' for exact sizes)"
         )
-    field, walked = schema.field(first), first
-    for part in rest:
-        if not pa.types.is_struct(field.type):
-            raise ValueError(
-                f"split by={key!r}: {walked!r} in {where} has type {field.type}, not a struct; "
-                f"name {walked!r} itself or another column"
-            )
-        names = [child.name for child in field.type]
-        if part not in names:
-            raise ValueError(
-                f"split by={key!r}: no such field in {where}: the struct {walked!r} has the "
-                f"fields {names}"
-            )
-        field, walked = field.type.field(part), f"{walked}.{part}"
+    field = field_at(schema, key, label=f"split by={key!r}", where=where)
     if not any(test(field.type) for test in _KEY_TYPES):
         raise ValueError(
             f"split by={key!r}: the column is {field.type}, but a split key must be an integer, "

@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from support.audit_runs import FAULTS, duplicate_in_worker_1, faulty, gloo_rank
+from support.audit_runs import FAULTS, duplicate_in_worker_1, faulty, gloo_rank, read_to_end
 from support.helpers import WORKERS, batch_ids, expected_rank_ids, stopping
 from torch.utils.data import DataLoader
 
@@ -114,24 +114,13 @@ def test_an_epochs_records_are_complete_when_every_rank_and_worker_is_in():
 # -- end to end ----------------------------------------------------------------------------------
 
 
-def _read(loader) -> tuple[int, CoverageError | None]:
-    """Batches read to the epoch's end, and the CoverageError its last next() raised, if any."""
-    batches = 0
-    try:
-        for _ in loader:
-            batches += 1
-    except CoverageError as error:
-        return batches, error
-    return batches, None
-
-
 @pytest.mark.timeout(60)
 def test_the_audit_passes_on_every_read_mode(make_loader, ids_1003, caplog):
     """One rank, no workers: checked in place at the epoch's end, every mode; an INFO line."""
     loader = make_loader(ids_1003, 10, columns=["id"], seed=4, audit=True)
     caplog.set_level("INFO", logger="lance_prefetch.audit")
     assert loader.audit_report is None
-    assert _read(loader) == (100, None)
+    assert read_to_end(loader) == (100, None)
     report = loader.audit_report
     assert isinstance(report, AuditReport) and report.ok and report.exact
     assert report.shares == (ShareCount(Share(0), 100, 1000, 100),)
@@ -161,8 +150,8 @@ def test_two_ranks_through_audit_dir_padded_and_resumed(ids_1003, tmp_path):
                               world_size=2, audit=True, audit_dir=tmp_path)  # fmt: skip
 
     first, second = make(0), make(1)
-    assert _read(first) == (51, None) and first.audit_report is None  # not all in yet
-    assert _read(second) == (51, None)
+    assert read_to_end(first) == (51, None) and first.audit_report is None  # not all in yet
+    assert read_to_end(second) == (51, None)
     report = second.audit_report
     assert report.ok and (report.rows_expected, report.num_padded) == (1004, 1)
     assert sorted(os.listdir(tmp_path)) == [
@@ -179,7 +168,7 @@ def test_two_ranks_through_audit_dir_padded_and_resumed(ids_1003, tmp_path):
     resumed = [make(rank) for rank in (1, 0)]
     for loader in resumed:
         loader.load_state_dict(state)
-    assert [_read(loader) for loader in resumed] == [(41, None), (41, None)]
+    assert [read_to_end(loader) for loader in resumed] == [(41, None), (41, None)]
     report = resumed[1].audit_report  # a state without "audit": the rest of the epoch only
     assert report.ok and (report.epoch, report.start, report.rows_expected) == (1, 20, 804)
     assert report.before is None and "(the rest of the epoch only: " in report.summary()
@@ -193,9 +182,9 @@ def test_the_audit_catches_an_injected_fault_on_two_ranks(fault, ids_1003, tmp_p
     rank 0 reads its share normally."""
     loaders = [PrefetchLoader(ids_1003, 10, columns=["id"], rank=rank, world_size=2, audit=True,
                               audit_dir=tmp_path) for rank in (0, 1)]  # fmt: skip
-    assert _read(loaders[0]) == (50, None)
+    assert read_to_end(loaders[0]) == (50, None)
     monkeypatch.setattr(_iteration, "deliveries", faulty(1, {0: (1, fault, 7)}))
-    batches, error = _read(loaders[1])
+    batches, error = read_to_end(loaders[1])
     rows = sorted(loaders[1].epoch_plan(0).batch(7 * 2 + 1).indices.tolist())
     report = error.report
     assert isinstance(error, CoverageError) and not report.ok
@@ -225,7 +214,7 @@ def test_the_sequential_mode_with_ranks_a_batch_apart(ids_1003, tmp_path):
     nothing padded, every row once; the dataset's order is checked like any permutation."""
     loaders = [PrefetchLoader(ids_1003, 10, columns=["id"], shuffle=False, rank=rank,
                               world_size=3, audit=True, audit_dir=tmp_path) for rank in range(3)]  # fmt: skip
-    assert [_read(loader) for loader in loaders] == [(34, None), (34, None), (33, None)]
+    assert [read_to_end(loader) for loader in loaders] == [(34, None), (34, None), (33, None)]
     report = loaders[2].audit_report
     assert report.ok and (report.rows_expected, report.num_padded, report.num_dropped) == (
         1003,

@@ -11,21 +11,11 @@ import os
 import re
 
 import pytest
+from support.audit_runs import read_to_end
 
 from lance_prefetch import CoverageError, PrefetchLoader
 from lance_prefetch._facade import loader_identity
 from lance_prefetch.state import check_state
-
-
-def _read(loader) -> tuple[int, CoverageError | None]:
-    """Batches read to the epoch's end, and the CoverageError its last next() raised, if any."""
-    batches = 0
-    try:
-        for _ in loader:
-            batches += 1
-    except CoverageError as error:
-        return batches, error
-    return batches, None
 
 
 def _stopped_at(make, position: int, ranks: tuple[int, ...] = (0,)) -> dict:
@@ -69,7 +59,7 @@ def test_a_clean_resume_is_audited_over_the_whole_epoch(ids_1003):
     assert (state["position"], state["audit"]) == (40, [[0, 40]])
     last = make()
     last.load_state_dict(state)
-    assert _read(last) == (60, None)
+    assert read_to_end(last) == (60, None)
     report = last.audit_report
     assert report.ok and (report.start, report.before) == (40, ((0, 40),))
     assert (report.rows_expected, report.rows_delivered, report.num_dropped) == (1000, 1000, 3)
@@ -81,7 +71,7 @@ def test_a_clean_resume_is_audited_over_the_whole_epoch(ids_1003):
     unknown = make()
     unknown.load_state_dict({k: v for k, v in state.items() if k != "audit"})
     assert "audit" not in unknown.state_dict()
-    assert _read(unknown) == (60, None)
+    assert read_to_end(unknown) == (60, None)
     report = unknown.audit_report
     assert report.ok and report.before is None and report.rows_expected == 600
     assert "from global batch 40 (the rest of the epoch only: the resumed state had no audit " in (
@@ -105,7 +95,7 @@ def test_a_batch_lost_or_replayed_at_a_resume_is_named(shift, ids_1003):
     state = _stopped_at(make, 30)
     resumed = make()
     resumed.load_state_dict(state | {"position": 30 + shift})
-    batches, error = _read(resumed)
+    batches, error = read_to_end(resumed)
     assert batches == 70 - shift and isinstance(error, CoverageError)
     report, plan = error.report, resumed.epoch_plan(0)
     assert report.before == ((0, 30),) and report.start == 30 + shift
@@ -146,8 +136,8 @@ def test_two_ranks_resumed_through_audit_dir_name_a_lost_or_replayed_batch(
     for loader in resumed:
         loader.load_state_dict(state | {"position": 20 + shift})
     each = 39 if shift == 1 else 40  # global batches 21..98, or 19..98
-    assert _read(resumed[0]) == (each, None)  # its record is in, not checked yet
-    batches, error = _read(resumed[1])
+    assert read_to_end(resumed[0]) == (each, None)  # its record is in, not checked yet
+    batches, error = read_to_end(resumed[1])
     assert batches == each and isinstance(error, CoverageError)
     plan = resumed[1].epoch_plan(0)
     if shift == 1:
@@ -210,9 +200,9 @@ def test_ranks_that_read_differently_fail_on_every_rank(options, difference, ids
         )
         loader.set_epoch(epoch)
         loaders.append(loader)
-    first, error = _read(loaders[0])
+    first, error = read_to_end(loaders[0])
     assert error is None and loaders[0].audit_report is None
-    _, error = _read(loaders[1])
+    _, error = read_to_end(loaders[1])
     message = (
         f"coverage audit of epoch {loaders[1].epoch} of {ids_1003!r} version 1 FAILED: the "
         f"records disagree on what was read (rank 1 is the reference): rank 0 read {difference}"

@@ -212,9 +212,9 @@ def test_a_source_returns_one_flat_column_per_name(nested_40):
 @pytest.mark.parametrize(
     "columns,message",
     [
-        (["id", "image.nope"], r"^columns: 'image\.nope' is not in the dataset '.*n\.lance' \(version 1\): the struct 'image' has the fields \['bytes', 'path'\]$"),
-        (["id.x"], r"^columns: 'id\.x' names a field inside 'id', but 'id' in the dataset .* has type int64, not a struct; name 'id' itself$"),
-        (["meta.inner.score.z"], r"^columns: 'meta\.inner\.score\.z' names a field inside 'meta\.inner\.score', but .* has type float, not a struct"),
+        (["id", "image.nope"], r"^columns: 'image\.nope': no such field in the dataset '.*n\.lance' \(version 1\): the struct 'image' has the fields \['bytes', 'path'\]$"),
+        (["id.x"], r"^columns: 'id\.x': 'id' in the dataset .* has type int64, not a struct; name 'id' itself$"),
+        (["meta.inner.score.z"], r"^columns: 'meta\.inner\.score\.z': 'meta\.inner\.score' in .* has type float, not a struct"),
         (["nope.x"], r"^columns \['nope\.x'\] are not in the dataset .*; its columns are \['id', 'image', 'meta'\]$"),
     ],
     ids=["no-such-field", "not-a-struct", "deeper", "no-such-column"],

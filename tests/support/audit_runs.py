@@ -73,3 +73,17 @@ def gloo_rank(rank: int, uri: str, init_file: str, results: Any) -> None:
     except BaseException:
         outcomes.append(("crash", traceback.format_exc()))
     results.put((rank, outcomes))
+
+
+def read_to_end(loader: Any) -> tuple[int, Any]:
+    """Batches read to the epoch's end, and the ``CoverageError`` its last ``next()`` raised (or
+    ``None``)."""
+    from lance_prefetch import CoverageError
+
+    batches = 0
+    try:
+        for _ in loader:
+            batches += 1
+    except CoverageError as error:
+        return batches, error
+    return batches, None
