@@ -427,8 +427,9 @@ def warn_unset_epochs(dataset: Any) -> None:
     _warned.add(dataset)
     warnings.warn(
         "Lightning trains on a PrefetchLoader inside a DataLoader, where it cannot set the "
-        "loader's epoch: a run resumed from an end-of-epoch checkpoint would read epoch 0's "
-        "permutation again. Add lance_prefetch.lightning.LoaderEpochs() to "
+        "loader's epoch (nor, in a plain DataLoader, save its position): a run resumed from an "
+        "end-of-epoch checkpoint would read epoch 0's permutation again, one resumed mid-epoch "
+        "would start the epoch again. Add lance_prefetch.lightning.LoaderEpochs() to "
         "Trainer(callbacks=[...]), or return the loader itself from train_dataloader().",
         UserWarning,
         stacklevel=3,

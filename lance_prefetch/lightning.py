@@ -14,7 +14,10 @@ end-of-epoch checkpoint, and the loader warns (``UserWarning``, once) when Light
 there without this callback. The callback calls ``set_epoch(trainer.current_epoch)`` on every
 ``PrefetchLoader`` among Lightning's train iterables, bare or the ``dataset`` of one, as the fit
 starts and as each training epoch starts; a loaded mid-epoch state of that epoch keeps its
-position.
+position. Lightning saves no state for a plain ``DataLoader`` (it has no ``state_dict``), so in a
+run resumed mid-epoch the callback loads, into a loader inside one, the state after the batches
+Lightning counts as done in that epoch (:meth:`~lance_prefetch.PrefetchLoader.state_after`):
+the resumed epoch goes on with the next batch, as with a bare loader.
 
 Importing this module imports ``lightning`` (``pip install lightning``).
 """
@@ -38,6 +41,16 @@ class LoaderEpochs(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._set_epochs(trainer)
+        fit_loop = trainer.fit_loop
+        if not fit_loop.restarted_mid_epoch:
+            return
+        # the batches of this epoch Lightning counts as done once its epoch loop resets: with a
+        # checkpoint saved at a batch's end, the processed one too
+        epoch_loop = fit_loop.epoch_loop
+        progress = epoch_loop.batch_progress.current
+        done = progress.processed if epoch_loop.restarted_on_train_batch_end else progress.completed
+        for loader in _unsaved(trainer.train_dataloader):
+            loader.load_state_dict(loader.state_after(done, epoch=trainer.current_epoch))
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._set_epochs(trainer)
@@ -45,6 +58,19 @@ class LoaderEpochs(Callback):
     def _set_epochs(self, trainer: Any) -> None:
         for loader in _loaders(trainer.train_dataloader):
             loader.set_epoch(trainer.current_epoch)
+
+
+def _unsaved(iterables: Any) -> Iterator[Any]:
+    """The PrefetchLoaders among Lightning's train iterables that Lightning saves no state for:
+    the ``dataset`` of an iterable without ``state_dict`` (a plain ``DataLoader``)."""
+    if isinstance(iterables, dict):
+        iterables = list(iterables.values())
+    if isinstance(iterables, (list, tuple)):
+        for iterable in iterables:
+            yield from _unsaved(iterable)
+        return
+    if not hasattr(iterables, "state_dict"):
+        yield from (loader for loader in _loaders(iterables) if loader is not iterables)
 
 
 def _loaders(iterables: Any) -> Iterator[Any]:
