@@ -194,6 +194,11 @@ class EpochControl:
             return Decision(epoch, max(start, 0))
         return None
 
+    def upcoming(self, end: int) -> Decision:
+        """What the next iteration would read if it began now (:func:`begin`), deciding nothing."""
+        self._attach()
+        return begin(self._block.tolist(), -1, end=end)[1]  # -1: no iteration's identity
+
     def decided_by(self, ident: int) -> bool:
         """Whether the latest decision is the one of the iteration identified by ``ident``."""
         self._attach()

@@ -113,9 +113,16 @@ def _callers(skip: int) -> Iterator[tuple[Any, str]]:
 
 def pass_through(shard: Any) -> None:
     """Make an ``IterableDatasetShard`` yield every element of its dataset, in order: one
-    process, batches of one element, no split."""
+    process, batches of one element, no split; and pass the loader's ``state_dict`` and
+    ``load_state_dict`` on, so that torchdata's StatefulDataLoader saves and restores the
+    loader's state (without them it restores by reading the batches delivered again, and a state
+    taken at an epoch's end then reads on into the next epoch)."""
     shard.num_processes, shard.process_index = 1, 0
     shard.batch_size, shard.split_batches = 1, False
+    shard.state_dict, shard.load_state_dict = (
+        shard.dataset.state_dict,
+        shard.dataset.load_state_dict,
+    )
 
 
 def pass_through_prepared(dataset: Any) -> None:

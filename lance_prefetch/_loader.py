@@ -412,6 +412,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         if epoch is None:
             epoch = self._counter.decision.epoch if self._counter is not None else self.epoch
         epoch = check_int("epoch", epoch, minimum=0)
+        if epoch > MAX_EPOCH:
+            raise ValueError(f"epoch should be <= 2**62, but got epoch={epoch}")
         per_rank = len(self)
         if self._every_rank or reads_every_rank(self):  # len() counted every rank's batches
             per_rank = self._plan(epoch, 0, self.world_size).batches_of(0)
@@ -496,6 +498,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         ident = self._control.identify(worker)  # at iter(): the workers' counts stay in step
         every_rank = self._every_rank or reads_every_rank(self)
         # under Accelerate's dispatcher a process other than the main one reads nothing
+        if every_rank and worker is None:
+            self._check_dispatchable()
         follows = every_rank and worker is None and self._current_ranks()[0] != 0
         self._follower = dispatcher_of(self, self._follower) if follows else None
         iteration = LazyIteration(functools.partial(self._begin, worker, ident, every_rank))
@@ -505,6 +509,21 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             # soon as its DataLoader iterator exists: it begins at iter(), as a first next() would.
             iteration.begin()
         return iteration
+
+    def _check_dispatchable(self) -> None:
+        """Refuse, on every process of Accelerate's dispatcher at its ``iter()``, an iteration
+        with no batches: the dispatcher cannot iterate an empty epoch (it fails in its broadcast,
+        and a process left waiting there would hang)."""
+        epoch, start = self._control.upcoming(self._end())
+        if start >= self._end():
+            raise RuntimeError(
+                f"Accelerate's DataLoaderDispatcher cannot iterate an empty epoch, and nothing is "
+                f"left of epoch {epoch} for this iteration: a state saved after its last step was "
+                f"loaded and set_epoch({epoch}) asked for that epoch again. Start the resumed "
+                f"loop at epoch {epoch + 1} (the epoch after a state whose position is its "
+                f"epoch's end), or iterate without set_epoch({epoch}): the loader then reads "
+                f"epoch {epoch + 1}"
+            )
 
     def _begin(self, worker: Any, ident: int, every_rank: bool) -> LoaderIterator:
         """The first ``next()`` of an iteration: decide what it reads, start reading (with

@@ -242,8 +242,8 @@ def check_state(
     for key in ("epoch", "position"):
         if state[key] < 0:
             raise ValueError(f"state[{key!r}] should be >= 0, but got {state[key]}")
-    if state["epoch"] >= 2**63 - 1:
-        raise ValueError(f"state['epoch'] should be < 2**63 - 1, but got {state['epoch']}")
+    if state["epoch"] > 2**62:  # set_epoch's bound: the epoch state is signed 64-bit
+        raise ValueError(f"state['epoch'] should be <= 2**62, but got {state['epoch']}")
     if state["world_size"] < 1:
         raise ValueError(f"state['world_size'] should be >= 1, but got {state['world_size']}")
     limit = end_position(state["num_rows"], state["batch_size"], drop_last=state["drop_last"])

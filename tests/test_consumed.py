@@ -224,3 +224,50 @@ def test_ray_wrapper_over_dataloader_workers_refuses_their_states(ids_1003):
     again.load_state_dict(saved)
     with pytest.raises(ValueError, match=refusal):
         next(iter(again))
+
+
+def test_accelerate_shard_saves_the_loaders_own_state_also_at_an_epochs_end(ids_1003, accelerator):
+    """With dispatch_batches=False the StatefulDataLoader holds Accelerate's IterableDatasetShard,
+    which passes the loader's state on: a snapshot after the epoch's last step holds the
+    loader's state at the epoch's end (torchdata would otherwise read the epoch again to restore
+    it, and read on into the next one), and resuming it reads nothing more of that epoch, then
+    the next epoch."""
+    options = {"dispatch_batches": False, "use_stateful_dataloader": True}
+    loader = loader_of(ids_1003)
+    prepared = accelerator(**options).prepare(DataLoader(loader, batch_size=None))
+    prepared.set_epoch(0)
+    iterator = iter(prepared)
+    assert len(steps(iterator, BATCHES)) == BATCHES
+    saved = prepared.state_dict()
+    assert saved["_iterator_finished"] is True
+    assert (saved["dataset_state"]["epoch"], saved["dataset_state"]["position"]) == (0, BATCHES)
+    iterator.close()
+    again = loader_of(ids_1003)
+    resumed_data = accelerator(**options).prepare(DataLoader(again, batch_size=None))
+    resumed_data.load_state_dict(saved)
+    resumed_data.set_epoch(0)
+    assert batch_ids(resumed_data) == []  # the rest of epoch 0: nothing
+    resumed_data.set_epoch(1)
+    assert batch_ids(resumed_data) == uninterrupted(ids_1003, 1)
+
+
+def test_accelerate_dispatcher_refuses_an_empty_epoch_at_iter(ids_1003, accelerator):
+    """The dispatcher cannot iterate an empty epoch (it fails in its broadcast): a state saved
+    after an epoch's last step, loaded, with set_epoch asking for that epoch again, is refused
+    at iter() naming the epoch to start at; the loop started there reads it exactly."""
+    full = loader_of(ids_1003)
+    assert len(batch_ids(full)) == BATCHES
+    state = full.state_dict()
+    loader = loader_of(ids_1003)
+    prepared = accelerator().prepare(DataLoader(loader, batch_size=None))
+    loader.load_state_dict(state)
+    prepared.set_epoch(0)  # the loop restarted at the epoch it stopped in
+    message = (
+        r"^Accelerate's DataLoaderDispatcher cannot iterate an empty epoch, and nothing is left "
+        r"of epoch 0 for this iteration: .* Start the resumed loop at epoch 1 "
+    )
+    with pytest.raises(RuntimeError, match=message):
+        next(iter(prepared))
+    loader.load_state_dict(state)
+    prepared.set_epoch(1)
+    assert batch_ids(prepared) == uninterrupted(ids_1003, 1)

@@ -255,6 +255,7 @@ def check_accelerate_resumed(uri: str, results: dict, case: str) -> None:
 RESUMED = [
     "stateful-dispatch",
     "stateful-shard",
+    "stateful-shard@20",  # saved at the epoch's last step: the rest of the epoch is empty
     "own-dispatch",
     "own-shard",
     "after-dispatch",
@@ -270,10 +271,15 @@ def test_accelerate_checkpoints_resume_exactly(tmp_path):
     dl_state_dict.bin: the one that reads nothing follows the main one) and with
     ``dispatch_batches=False``; the main process's ``loader.state_dict()`` under both;
     ``state_after(7)``; ``skip_first_batches(data, 7)`` under both. Each reads exactly the
-    uninterrupted run's batches; the dispatcher with use_stateful_dataloader and 2 spawn workers
-    refuses at ``prepare``, on both processes, naming the fix."""
+    uninterrupted run's batches, also ``save_state`` with ``dispatch_batches=False`` after an
+    epoch's last step (the loader's own state travels through the IterableDatasetShard: nothing
+    is read again); the dispatcher with use_stateful_dataloader and 2 spawn workers refuses at
+    ``prepare``, and a resume into the empty rest of an epoch under the dispatcher at ``iter()``,
+    on both processes, naming the fix."""
     uri = str(tmp_path / "data.lance")
-    results = accelerate_resumes(tmp_path, [*RESUMED, "stateful-dispatch-workers"])
+    results = accelerate_resumes(
+        tmp_path, [*RESUMED, "stateful-dispatch-workers", "own-dispatch@20"]
+    )
     for case in RESUMED:
         check_accelerate_resumed(uri, results, case)
     for stop in (0, 1):
@@ -285,6 +291,16 @@ def test_accelerate_checkpoints_resume_exactly(tmp_path):
                 "cannot checkpoint this loader exactly in DataLoader workers"
             )
             assert "dispatch_batches=False" in refused and "num_workers=0" in refused
+            # resumed at the end of the epoch it stopped in, which set_epoch asks for again
+            steps, refused = results["own-dispatch@20", stop][rank]
+            assert refused == (
+                f"RuntimeError: Accelerate's DataLoaderDispatcher cannot iterate an empty epoch, "
+                f"and nothing is left of epoch {stop} for this iteration: a state saved after its "
+                f"last step was loaded and set_epoch({stop}) asked for that epoch again. Start the "
+                f"resumed loop at epoch {stop + 1} (the epoch after a state whose position is its "
+                f"epoch's end), or iterate without set_epoch({stop}): the loader then reads epoch "
+                f"{stop + 1}"
+            )
 
 
 @pytest.mark.system

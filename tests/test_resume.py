@@ -331,7 +331,7 @@ def test_another_version_needs_the_explicit_opt_in(ids_1003, fresh_ids):
         (lambda s: s.update(epoch=-1), ValueError, "state['epoch'] should be >= 0, but got -1"),
         (lambda s: s.update(position=1.5), TypeError, "state['position'] should be int, but got 1.5"),
         (lambda s: s.update(position=101), ValueError, "state['position']=101 is past the end of any epoch of 1003 rows in batches of 10 with drop_last=True (at most 100 global batches)"),
-        (lambda s: s.update(epoch=2**63 - 1), ValueError, "state['epoch'] should be < 2**63 - 1"),
+        (lambda s: s.update(epoch=2**62 + 1), ValueError, "state['epoch'] should be <= 2**62"),
         (lambda s: s.update(world_size=0), ValueError, "state['world_size'] should be >= 1"),
     ],
 )  # fmt: skip

@@ -52,6 +52,7 @@ CASES = {
     "skip-dispatch": ("skip", None, 0),
     "skip-shard": ("skip", False, 0),
 }
+#: A case named ``<case>@<step>`` stops after ``step`` steps instead (20: an epoch's last).
 
 
 def build(uri: str, way: str, dispatch: bool | None, workers: int):
@@ -79,13 +80,13 @@ def agree(error: BaseException | None) -> str | None:
     return next((e for e in errors if e is not None), None)
 
 
-def save(way: str, accelerator: Accelerator, loader: PrefetchLoader, saved: Path):
-    """Save the checkpoint ``way`` says at step :data:`STOP`; the error if it was refused."""
+def save(way: str, accelerator: Accelerator, loader: PrefetchLoader, saved: Path, stop: int):
+    """Save the checkpoint ``way`` says at step ``stop``; the error if it was refused."""
     try:
         if way == "stateful":
             accelerator.save_state(str(saved))
         elif way in ("own", "after") and accelerator.is_main_process:
-            state = loader.state_dict() if way == "own" else loader.state_after(STOP)
+            state = loader.state_dict() if way == "own" else loader.state_after(stop)
             saved.write_text(json.dumps(state))
     except Exception as error:  # a refusal: recorded, and every process skips the resume
         return error
@@ -93,7 +94,9 @@ def save(way: str, accelerator: Accelerator, loader: PrefetchLoader, saved: Path
 
 
 def run_case(folder: Path, case: str, stop_epoch: int) -> None:
-    way, dispatch, workers = CASES[case]
+    name, _, step = case.partition("@")
+    way, dispatch, workers = CASES[name]
+    stop = int(step) if step else STOP
     uri = str(folder / "data.lance")
     rank = dist.get_rank()
     saved = folder / f"{case}-{stop_epoch}-saved"
@@ -110,8 +113,8 @@ def run_case(folder: Path, case: str, stop_epoch: int) -> None:
             data.set_epoch(epoch)
             for step, batch in enumerate(data, 1):
                 record("stop", epoch, batch)
-                if (epoch, step) == (stop_epoch, STOP):  # save within the step, as a loop does
-                    error = save(way, accelerator, loader, saved)
+                if (epoch, step) == (stop_epoch, stop):  # save within the step, as a loop does
+                    error = save(way, accelerator, loader, saved, stop)
                     break
     except Exception as e:  # refused before the save (every process raises at once)
         error = e
@@ -129,7 +132,7 @@ def run_case(folder: Path, case: str, stop_epoch: int) -> None:
                 loader.load_state_dict(json.loads(saved.read_text()))
             for epoch in range(stop_epoch, EPOCHS):
                 skipping = way == "skip" and epoch == stop_epoch
-                active = accelerator.skip_first_batches(data, STOP) if skipping else data
+                active = accelerator.skip_first_batches(data, stop) if skipping else data
                 active.set_epoch(epoch)
                 for batch in active:
                     record("resume", epoch, batch)
