@@ -111,18 +111,18 @@ def _callers(skip: int) -> Iterator[tuple[Any, str]]:
         frame = frame.f_back
 
 
-def pass_through(shard: Any) -> None:
+def pass_through(shard: Any, *, stateful: bool = True) -> None:
     """Make an ``IterableDatasetShard`` yield every element of its dataset, in order: one
-    process, batches of one element, no split; and pass the loader's ``state_dict`` and
-    ``load_state_dict`` on, so that torchdata's StatefulDataLoader saves and restores the
-    loader's state (without them it restores by reading the batches delivered again, and a state
-    taken at an epoch's end then reads on into the next epoch)."""
+    process, batches of one element, no split; with ``stateful``, also pass the loader's
+    ``state_dict`` and ``load_state_dict`` on, so that torchdata's StatefulDataLoader saves and
+    restores the loader's state (without them it restores by reading the batches delivered
+    again, and a state taken at an epoch's end then reads on into the next epoch). Not while
+    the shard is being pickled (new attributes would change the dict pickle is reading)."""
     shard.num_processes, shard.process_index = 1, 0
     shard.batch_size, shard.split_batches = 1, False
-    shard.state_dict, shard.load_state_dict = (
-        shard.dataset.state_dict,
-        shard.dataset.load_state_dict,
-    )
+    if stateful:
+        shard.state_dict = shard.dataset.state_dict
+        shard.load_state_dict = shard.dataset.load_state_dict
 
 
 def pass_through_prepared(dataset: Any) -> None:
@@ -139,7 +139,7 @@ def pass_through_prepared(dataset: Any) -> None:
         if isinstance(caller, shard_cls):
             inner = getattr(getattr(caller, "base_dataloader", None), "dataset", None)
             if isinstance(inner, dataset_shard_cls) and inner.dataset is dataset:
-                pass_through(inner)
+                pass_through(inner, stateful=False)  # (called while the shard is pickled)
                 return
 
 
@@ -148,8 +148,24 @@ def reads_every_rank(dataset: Any) -> bool:
     rank's batches); an ``IterableDatasetShard`` that calls is made a pass-through."""
     caller = accelerate_caller(dataset)
     if caller is not None and caller[0] == "shard":
-        pass_through(caller[1])
+        pass_through(caller[1], stateful=_read_in_process(caller[1]))
     return caller is not None and caller[0] == "dispatcher"
+
+
+def _read_in_process(shard: Any) -> bool:
+    """Whether the ``DataLoaderShard`` among the callers that holds ``shard`` reads it in this
+    process (no DataLoader workers: their copies of the shard must not look stateful to
+    torchdata, which would ask them for a state before their iteration begins)."""
+    module = sys.modules.get("accelerate.data_loader")
+    wrapper = getattr(module, "DataLoaderShard", None)
+    if wrapper is None:
+        return False
+    holder = _calling(
+        lambda obj: (
+            isinstance(obj, wrapper) and getattr(obj.base_dataloader, "dataset", None) is shard
+        )
+    )
+    return holder is not None and not holder.base_dataloader.num_workers
 
 
 def refuse_stateful_dispatch(dataset: Any) -> None:
