@@ -126,8 +126,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         cache_bytes, cache_dir (optional): with ``cache="memory"``, the most bytes of rows (an int;
             default: half the physical memory); with ``cache="disk"``, the copy's folder (default:
             ``$LANCE_PREFETCH_CACHE_DIR``, else ``~/.cache/lance-prefetch``).
-        max_buffer_bytes (int, optional): with ``readahead="auto"``, the most Arrow bytes read
-            ahead. Default: 256 MiB.
+        max_buffer_bytes (int, optional): with ``readahead="auto"``, the most bytes read ahead:
+            the batches' Arrow bytes and, on an object store, for each take in flight what Lance
+            fetches for it (``_coalesce.take_memory``). Default: 256 MiB.
         io (str, optional): ``"auto"`` (or ``None``): io_uring for local files where the kernel
             allows it, else Lance's default reader; ``"uring"``: io_uring, falling back with a
             ``RuntimeWarning``; ``"default"``: Lance's reader. Default: ``"auto"``.

@@ -266,3 +266,22 @@ def test_soak_script_fails_over_its_budget(soak_script, tmp_path, capsys):
     assert soak_script.main(argv) == 1
     out = capsys.readouterr().out
     assert "| 40 |" in out and "\nFAIL: growth " in out and out.endswith(" MiB > -1.0 MiB\n")
+
+
+def test_s3_memory_script_parses_its_variants():
+    """benchmarks/s3_memory.py: a variant's loader settings, probe settings and environment."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import s3_memory
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert s3_memory.parse_variant("defaults") == ("defaults", {}, {})
+    assert s3_memory.parse_variant(
+        "both:epoch_s=30,MALLOC_MMAP_THRESHOLD_=131072,MALLOC_ARENA_MAX=2,max_in_flight=4,trim=1"
+    ) == (
+        "both",
+        {"epoch_s": "30", "max_in_flight": "4", "trim": "1"},
+        {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "2"},
+    )
+    with pytest.raises(ValueError, match=r"unknown keys \['readahed'\]"):
+        s3_memory.parse_variant("typo:readahed=8")
