@@ -10,59 +10,24 @@
 
 from __future__ import annotations
 
-import gc
+import json
 import subprocess
 import sys
 import threading
 import time
-import tracemalloc
 from pathlib import Path
 
 import pytest
-from support.helpers import expected_rank_ids, wait_until
+from support.helpers import checkout_env, expected_rank_ids
 
 from lance_prefetch import PrefetchLoader
 from lance_prefetch._source import LanceSource
-from lance_prefetch.sampling import EpochPlan, index_dtype
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 KIB, MIB = 2**10, 2**20
 
 
 # -- the plan: the permutation plus a constant --------------------------------------------------
-
-
-def reads_left_by_earlier_tests() -> list[threading.Thread]:
-    """Threads of earlier tests' reads still running in this test process (an abandoned read
-    ends on its own; its Python allocations would be traced too)."""
-    ours = ("lance-prefetch", "AnyIO worker thread")
-    return [t for t in threading.enumerate() if t.name.startswith(ours) and t.is_alive()]
-
-
-def plan_allocations(num_rows: int, **plan: int | bool) -> tuple[int, int, EpochPlan, int]:
-    """(peak, still allocated, the plan, rows planned) traced while building the EpochPlan of
-    ``num_rows`` rows and iterating every batch of rank 1 (the last worker when given
-    ``num_workers``)."""
-    num_workers = int(plan.pop("num_workers", 1))
-    gc.collect()  # iterators dropped by earlier tests close now
-    assert wait_until(lambda: not reads_left_by_earlier_tests(), timeout=30)
-    tracemalloc.start()
-    try:
-        epoch_plan = EpochPlan(num_rows=num_rows, batch_size=1024, seed=1, epoch=2, **plan)
-        rows = 0
-        for batch in epoch_plan.rank_batches(1, worker_id=num_workers - 1, num_workers=num_workers):
-            rows += len(batch.indices)
-        current, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return peak, current, epoch_plan, rows
-
-
-def worker_rows(plan: EpochPlan, num_workers: int) -> int:
-    """Rows the last of ``num_workers`` workers reads for a rank, by the rules (no plan needed)."""
-    local = range(num_workers - 1, plan.batches_per_rank, num_workers)
-    last = plan.batches_per_rank - 1
-    return sum(plan.last_batch_size if j == last else plan.batch_size for j in local)
 
 
 @pytest.mark.parametrize(
@@ -75,24 +40,30 @@ def worker_rows(plan: EpochPlan, num_workers: int) -> int:
 )
 def test_the_plan_costs_the_permutation_plus_a_constant(plan):
     """Rank 1 of 4 (worker 1 of 2): for 10 million rows the peak is the uint32 permutation
-    (40,000,000 bytes) plus less than 16 KiB, about the same constant (within 16 KiB: the plan's
-    small temporaries vary by a few KiB, and tracemalloc also counts what other threads of this
-    test process allocate meanwhile; 8.7 KiB was seen) as for 100,000 rows; nothing else grows
-    with the dataset (this worker's 1.25 M offsets alone would be 5 MB as an array, ~45 MB as a
-    list)."""
-    plan_allocations(
-        100_000, **dict(plan)
-    )  # first-call allocations (imports, caches) out of the way
+    (40,000,000 bytes) plus less than 8 KiB (about 3 KiB here), the same constant (within 4 KiB)
+    as for 100,000 rows; nothing else grows with the dataset
+    (this worker's 1.25 M offsets alone would be 5 MB as an array, ~45 MB as a list). Traced in
+    a process of its own (tests/support/plan_memory.py), where nothing else allocates."""
+    script = Path(__file__).parent / "support" / "plan_memory.py"
+    result = subprocess.run(
+        [sys.executable, str(script), json.dumps(plan)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=checkout_env(),
+        check=True,
+    )
+    traced = {int(n): values for n, values in json.loads(result.stdout).items()}
     overheads = {}
-    for num_rows in (100_000, 10_000_000):
-        peak, current, epoch_plan, rows = plan_allocations(num_rows, **dict(plan))
-        permutation = num_rows * index_dtype(num_rows).itemsize
-        assert index_dtype(num_rows).itemsize == 4
-        assert rows == worker_rows(epoch_plan, plan.get("num_workers", 1)) > num_rows // 10
-        assert permutation <= current <= peak  # the plan keeps its permutation (cached)
-        overheads[num_rows] = peak - permutation
-    assert overheads[10_000_000] < 16 * KIB, overheads
-    assert abs(overheads[10_000_000] - overheads[100_000]) < 16 * KIB, overheads
+    for num_rows, values in traced.items():
+        permutation = num_rows * values["itemsize"]
+        assert values["itemsize"] == 4
+        assert values["rows"] == values["worker_rows"] > num_rows // 10
+        # the plan keeps its permutation (cached)
+        assert permutation <= values["current"] <= values["peak"]
+        overheads[num_rows] = values["peak"] - permutation
+    assert overheads[10_000_000] < 8 * KIB, overheads
+    assert abs(overheads[10_000_000] - overheads[100_000]) < 4 * KIB, overheads
 
 
 # -- readahead bounds what is held, counted at the take level -----------------------------------
