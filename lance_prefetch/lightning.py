@@ -60,31 +60,39 @@ class LoaderEpochs(Callback):
             loader.set_epoch(trainer.current_epoch)
 
 
-def _unsaved(iterables: Any) -> Iterator[Any]:
-    """The PrefetchLoaders among Lightning's train iterables that Lightning saves no state for:
-    the ``dataset`` of an iterable without ``state_dict`` (a plain ``DataLoader``)."""
+def _iterables(iterables: Any) -> Iterator[Any]:
+    """Lightning's train iterables, one by one: one, or a list, tuple or dict of them, nested."""
     if isinstance(iterables, dict):
         iterables = list(iterables.values())
     if isinstance(iterables, (list, tuple)):
         for iterable in iterables:
-            yield from _unsaved(iterable)
-        return
-    if not hasattr(iterables, "state_dict"):
-        yield from (loader for loader in _loaders(iterables) if loader is not iterables)
+            yield from _iterables(iterable)
+    else:
+        yield iterables
+
+
+def _loader_of(iterable: Any) -> Any:
+    """The PrefetchLoader a train iterable is, or holds as its ``dataset``; else ``None``."""
+    from ._loader import PrefetchLoader
+
+    for candidate in (iterable, getattr(iterable, "dataset", None)):
+        if isinstance(candidate, PrefetchLoader):
+            return candidate
+    return None
 
 
 def _loaders(iterables: Any) -> Iterator[Any]:
-    """The PrefetchLoaders among Lightning's train iterables (one, or a list, tuple or dict of
-    them, nested), or their datasets."""
-    from ._loader import PrefetchLoader
+    """The PrefetchLoaders among Lightning's train iterables, or their datasets."""
+    for iterable in _iterables(iterables):
+        loader = _loader_of(iterable)
+        if loader is not None:
+            yield loader
 
-    if isinstance(iterables, dict):
-        iterables = list(iterables.values())
-    if isinstance(iterables, (list, tuple)):
-        for iterable in iterables:
-            yield from _loaders(iterable)
-        return
-    for candidate in (iterables, getattr(iterables, "dataset", None)):
-        if isinstance(candidate, PrefetchLoader):
-            yield candidate
-            return
+
+def _unsaved(iterables: Any) -> Iterator[Any]:
+    """The PrefetchLoaders among Lightning's train iterables that Lightning saves no state for:
+    the ``dataset`` of an iterable without ``state_dict`` (a plain ``DataLoader``)."""
+    for iterable in _iterables(iterables):
+        loader = _loader_of(iterable)
+        if loader is not None and loader is not iterable and not hasattr(iterable, "state_dict"):
+            yield loader
