@@ -45,8 +45,11 @@ def per_batch(num_rows: int, batch_size: int) -> dict[str, float]:
             record.add(indices)
         record.delivered()
         best = min(best, time.perf_counter() - started)
-    return {"add_us": best / len(batches) * 1e6, "row_ns": best / (len(batches) * batch_size) * 1e9,
-            "record_mib": len(record.delivered().bits) / 2**20}  # fmt: skip
+    return {
+        "add_us": best / len(batches) * 1e6,
+        "row_ns": best / (len(batches) * batch_size) * 1e9,
+        "record_mib": len(record.delivered().bits) / 2**20,
+    }
 
 
 def per_epoch(num_rows: int, batch_size: int) -> dict[str, float]:
@@ -62,8 +65,13 @@ def per_epoch(num_rows: int, batch_size: int) -> dict[str, float]:
     checked = time.perf_counter() - started
     assert report.ok, report.failure()
     with tempfile.TemporaryDirectory() as folder:
-        audit = EpochAudit(plan, Share(0), exchange="dir", audit_dir=folder,
-                           identity={"uri": "bench", "version": 1})  # fmt: skip
+        audit = EpochAudit(
+            plan,
+            Share(0),
+            exchange="dir",
+            audit_dir=folder,
+            identity={"uri": "bench", "version": 1},
+        )
         started = time.perf_counter()
         audit._dir(records[0])  # writes the record; rank 1's is missing, so no check
         written = time.perf_counter() - started
@@ -74,8 +82,10 @@ def end_to_end(uri: str, batch_size: int, repeats: int, cache: str | None) -> di
     """Best rows/s with and without the audit, alternating, and the share of the audited passes'
     wall time spent inside the audit itself (``EpochAudit.add`` and ``finish``, timed), which
     the machine's noise moves far less than the rows/s of two passes."""
-    loaders = {mode: PrefetchLoader(uri, batch_size, cache=cache, audit=mode == "on")
-               for mode in ("on", "off")}  # fmt: skip
+    loaders = {
+        mode: PrefetchLoader(uri, batch_size, cache=cache, audit=mode == "on")
+        for mode in ("on", "off")
+    }
     spent = [0.0]
     real = EpochAudit.add, EpochAudit.finish
 

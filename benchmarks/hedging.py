@@ -67,12 +67,23 @@ def depth(value: str) -> int | str:
     return value if value == "auto" else int(value)
 
 
-def run_once(uri: str, options: dict[str, str], args: argparse.Namespace, seed: int,
-             hedge: HedgePolicy | None) -> dict:  # fmt: skip
+def run_once(
+    uri: str,
+    options: dict[str, str],
+    args: argparse.Namespace,
+    seed: int,
+    hedge: HedgePolicy | None,
+) -> dict:
     loader = PrefetchLoader(
-        uri, args.batch_size, columns=COLUMNS, storage_options=options, seed=seed,
-        readahead=depth(args.readahead), max_in_flight=depth(args.max_in_flight), hedge=hedge,
-    )  # fmt: skip
+        uri,
+        args.batch_size,
+        columns=COLUMNS,
+        storage_options=options,
+        seed=seed,
+        readahead=depth(args.readahead),
+        max_in_flight=depth(args.max_in_flight),
+        hedge=hedge,
+    )
     waits, digest = [], hashlib.sha256()
     with TakeCounter() as counter:
         iterator = iter(loader)
@@ -118,8 +129,10 @@ def take_sizes(uri: str, options: dict[str, str], sizes: list[int], count: int) 
             plan = [rng.choice(rows, size, replace=False) for _ in range(count)]
             times = np.array(list(pool.map(timed, plan)))
         p50, p90, p99 = np.percentile(times, [50, 90, 99])
-        print(f"take of {size:4d} random rows (4 at once, {count}): p50 {p50:6.0f}  p90 {p90:6.0f}"
-              f"  p99 {p99:6.0f}  max {times.max():6.0f} ms")  # fmt: skip
+        print(
+            f"take of {size:4d} random rows (4 at once, {count}): p50 {p50:6.0f}  p90 {p90:6.0f}"
+            f"  p99 {p99:6.0f}  max {times.max():6.0f} ms"
+        )
 
 
 def hedged_pieces(uri: str, options: dict[str, str], spec: str, count: int, batch: int) -> None:
@@ -144,8 +157,10 @@ def hedged_pieces(uri: str, options: dict[str, str], spec: str, count: int, batc
             waiting = {}
             for future in late if after_ms else []:
                 index = first.index(future)
-                waiting[index] = [future, pool.submit(dataset.take, parts[index],
-                                                      columns=COLUMNS[1:])]  # fmt: skip
+                waiting[index] = [
+                    future,
+                    pool.submit(dataset.take, parts[index], columns=COLUMNS[1:]),
+                ]
                 extra += len(parts[index])
             for copies in waiting.values():
                 futures.wait(copies, return_when=futures.FIRST_COMPLETED)
@@ -155,8 +170,10 @@ def hedged_pieces(uri: str, options: dict[str, str], spec: str, count: int, batc
         pool.shutdown(wait=True)
         p50, p90, p99 = np.percentile(times, [50, 90, 99])
         hedged = f"hedged after {after_ms} ms" if after_ms else "not hedged"
-        print(f"batch of {batch} as {pieces:3d} takes, {hedged:20s}: p50 {p50:5.0f}  p90 "
-              f"{p90:5.0f}  p99 {p99:5.0f} ms, extra rows +{extra / (batch * count):.1%}")  # fmt: skip
+        print(
+            f"batch of {batch} as {pieces:3d} takes, {hedged:20s}: p50 {p50:5.0f}  p90 "
+            f"{p90:5.0f}  p99 {p99:5.0f} ms, extra rows +{extra / (batch * count):.1%}"
+        )
 
 
 def main() -> None:
@@ -177,11 +194,19 @@ def main() -> None:
     parser.add_argument("--local", action="store_true", help="a local dataset, no S3")
     parser.add_argument("--take-sizes", default="")
     parser.add_argument("--take-count", type=int, default=80)
-    parser.add_argument("--pieces", default="", help="e.g. 1@0,16@0,16@80,64@60: a batch as "
-                        "PIECES concurrent takes, each hedged after MS (0: never)")  # fmt: skip
+    parser.add_argument(
+        "--pieces",
+        default="",
+        help="e.g. 1@0,16@0,16@80,64@60: a batch as "
+        "PIECES concurrent takes, each hedged after MS (0: never)",
+    )
     args = parser.parse_args()
-    latency = Latency(delay_ms=args.delay_ms, jitter_ms=args.jitter_ms,
-                      tail_fraction=args.tail_fraction, tail_ms=args.tail_ms)  # fmt: skip
+    latency = Latency(
+        delay_ms=args.delay_ms,
+        jitter_ms=args.jitter_ms,
+        tail_fraction=args.tail_fraction,
+        tail_ms=args.tail_ms,
+    )
     with contextlib.ExitStack() as stack:
         if args.local:
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="hedging-"))
@@ -194,13 +219,18 @@ def main() -> None:
             s3 = stack.enter_context(LocalS3(latency=latency))
             uri = s3.uri("hedging.lance")
             write_synthetic(uri, args.rows, storage_options=s3.storage_options(with_latency=False))
-            options = {**s3.storage_options(), "lance_aimd_initial_rate": args.aimd_rate,
-                       "lance_aimd_max_rate": args.aimd_rate}  # fmt: skip
+            options = {
+                **s3.storage_options(),
+                "lance_aimd_initial_rate": args.aimd_rate,
+                "lance_aimd_max_rate": args.aimd_rate,
+            }
             where = f"emulated S3: {latency.describe()}"
-        print(f"{where}; {args.rows} rows, batches of "
-              f"{args.batch_size}, step {args.step_ms:g} ms, readahead {args.readahead}, "
-              f"max_in_flight {args.max_in_flight}, {args.batches} batches a run "
-              f"({args.warmup} warm-up), {args.rounds} rounds")  # fmt: skip
+        print(
+            f"{where}; {args.rows} rows, batches of "
+            f"{args.batch_size}, step {args.step_ms:g} ms, readahead {args.readahead}, "
+            f"max_in_flight {args.max_in_flight}, {args.batches} batches a run "
+            f"({args.warmup} warm-up), {args.rounds} rounds"
+        )
         if args.take_sizes:
             take_sizes(uri, options, [int(s) for s in args.take_sizes.split(",")], args.take_count)
         if args.pieces:
@@ -216,10 +246,13 @@ def main() -> None:
                 result = run_once(uri, options, args, seed=round_, hedge=hedge)
                 results[name].append(result)
                 digests.add(result["digest"])
-                print(f"  round {round_} {name:20s} wait p50/p99 "
-                      f"{np.percentile(result['waits'], 50):6.1f}/"
-                      f"{np.percentile(result['waits'], 99):6.1f} ms, takes {result['takes']}, "
-                      f"hedges {result['hedges']} ({result['won']} won)", flush=True)  # fmt: skip
+                print(
+                    f"  round {round_} {name:20s} wait p50/p99 "
+                    f"{np.percentile(result['waits'], 50):6.1f}/"
+                    f"{np.percentile(result['waits'], 99):6.1f} ms, takes {result['takes']}, "
+                    f"hedges {result['hedges']} ({result['won']} won)",
+                    flush=True,
+                )
             assert len(digests) == 1, "hedged and unhedged runs delivered different batches"
         print("same row ids in the same order in every round, hedged or not")
         for name, runs in results.items():

@@ -51,9 +51,12 @@ def start_middle_end(num_rows: int) -> None:
     for _ in itertools.islice(plan.rank_batches(3, worker_id=1, num_workers=2, skip=7), 20):
         pass
     resumed = EpochPlan(
-        num_rows=num_rows, batch_size=1000, world_size=3, drop_last=False,
+        num_rows=num_rows,
+        batch_size=1000,
+        world_size=3,
+        drop_last=False,
         start=plan.num_batches // 2 + 4,
-    )  # fmt: skip
+    )
     for _ in itertools.islice(resumed.rank_batches(2), 20):
         pass
     list(resumed.rank_batches(2, skip=resumed.batches_per_rank - 1))

@@ -154,8 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = {**s3.storage_options(), **rate}
         for round_ in range(args.rounds):
             for name, settings, env in variants:
-                spec = {"uri": uri, "options": options, "settings": settings,
-                        "seconds": args.seconds}  # fmt: skip
+                spec = {
+                    "uri": uri,
+                    "options": options,
+                    "settings": settings,
+                    "seconds": args.seconds,
+                }
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", json.dumps(spec)],
                     env={**os.environ, **env},

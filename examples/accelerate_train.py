@@ -86,9 +86,11 @@ def train(args: argparse.Namespace) -> None:
                 record.write(json.dumps({"epoch": epoch, "ids": ids}) + "\n")
         total_loss = accelerator.reduce(total_loss, reduction="sum")
         if accelerator.is_main_process:
-            print(f"epoch {epoch}: {steps} steps per process, len {len(data)} "
-                  f"({type(data).__name__}), "
-                  f"mean loss {total_loss.item() / (steps * accelerator.num_processes):.3f}")  # fmt: skip
+            print(
+                f"epoch {epoch}: {steps} steps per process, len {len(data)} "
+                f"({type(data).__name__}), "
+                f"mean loss {total_loss.item() / (steps * accelerator.num_processes):.3f}"
+            )
     if record:
         record.close()
 

@@ -99,16 +99,25 @@ class Classifier(L.LightningModule):
         self._write("val", batch)
         correct = (self.model(batch["features"]).argmax(1) == batch["label"]).sum()
         # Summed over ranks at the epoch's end: exact over the validation rows.
-        self.log("val_correct", correct.float(), reduce_fx="sum", sync_dist=True,
-                 on_step=False, on_epoch=True, batch_size=len(batch["id"]))  # fmt: skip
+        self.log(
+            "val_correct",
+            correct.float(),
+            reduce_fx="sum",
+            sync_dist=True,
+            on_step=False,
+            on_epoch=True,
+            batch_size=len(batch["id"]),
+        )
 
     def on_fit_end(self) -> None:
         if self.record:
             self.record.close()
         if self.trainer.is_global_zero:
             correct = int(self.trainer.callback_metrics["val_correct"])
-            print(f"done: epoch {self.current_epoch}, step {self.global_step}, "
-                  f"val_correct {correct}", flush=True)  # fmt: skip
+            print(
+                f"done: epoch {self.current_epoch}, step {self.global_step}, val_correct {correct}",
+                flush=True,
+            )
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -158,8 +167,14 @@ def fit(args: argparse.Namespace) -> None:
     if args.loader_epochs == "on" or (args.loader_epochs == "auto" and args.wrap != "bare"):
         callbacks.append(LoaderEpochs())  # sets a wrapped loader's epoch (Lightning cannot)
     if args.every_n_steps:
-        callbacks.append(ModelCheckpoint(dirpath=folder, filename="step-{step}", save_top_k=-1,
-                                         every_n_train_steps=args.every_n_steps))  # fmt: skip
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=folder,
+                filename="step-{step}",
+                save_top_k=-1,
+                every_n_train_steps=args.every_n_steps,
+            )
+        )
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,

@@ -89,8 +89,12 @@ def report(loader, model, optimizer, step: int, rank: int, loss: float) -> None:
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = None
         if rank == 0:
-            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                     "data": data, "step": step}  # fmt: skip
+            state = {
+                "model": model.module.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "data": data,
+                "step": step,
+            }
             torch.save(state, Path(folder) / "state.pt")
             checkpoint = Checkpoint.from_directory(folder)
         ray.train.report({"step": step, "loss": loss}, checkpoint=checkpoint)

@@ -233,9 +233,16 @@ class EpochAudit:
     """
 
     def __init__(
-        self, plan: EpochPlan, share: Share, *, exchange: str, audit_dir: str | None,
-        identity: Mapping[str, Any], before: Spans | None = (), key: str = "",
-    ) -> None:  # fmt: skip
+        self,
+        plan: EpochPlan,
+        share: Share,
+        *,
+        exchange: str,
+        audit_dir: str | None,
+        identity: Mapping[str, Any],
+        before: Spans | None = (),
+        key: str = "",
+    ) -> None:
         self.plan, self.share, self.exchange, self.audit_dir = plan, share, exchange, audit_dir
         self.before = before
         self.rule = {
@@ -276,8 +283,11 @@ class EpochAudit:
         exchange = {"local": self._local, "dir": self._dir, "dist": self._dist}[self.exchange]
         self.report = report = exchange(delivered)
         if report is None:
-            logger.debug("coverage audit of epoch %d: %s's record is in, checked elsewhere",
-                         self.plan.epoch, self.share)  # fmt: skip
+            logger.debug(
+                "coverage audit of epoch %d: %s's record is in, checked elsewhere",
+                self.plan.epoch,
+                self.share,
+            )
         elif report.ok:
             logger.info("%s", report.summary())
         else:
@@ -305,11 +315,16 @@ class EpochAudit:
             f"{group}-rank{share.rank}of{self.plan.world_size}-worker{share.worker_id}of"
             f"{share.num_workers}.npz"
         )
-        _write_atomically(folder / name, lambda f: np.savez(
-            f, bits=delivered.bits, repeats=delivered.repeats,
-            counts=np.array([delivered.batches, delivered.rows, share.skip], dtype=np.int64),
-            rule=np.array(json.dumps(self.rule)),
-        ))  # fmt: skip
+        _write_atomically(
+            folder / name,
+            lambda f: np.savez(
+                f,
+                bits=delivered.bits,
+                repeats=delivered.repeats,
+                counts=np.array([delivered.batches, delivered.rows, share.skip], dtype=np.int64),
+                rule=np.array(json.dumps(self.rule)),
+            ),
+        )
         report = self._check_group(folder, group)
         if report is None or report.ok:  # else this one's failure is raised first
             _learn(folder, share.rank)  # an earlier iteration's failure, checked elsewhere
@@ -395,8 +410,12 @@ class EpochAudit:
     def _dist(self, delivered: Delivered) -> AuditReport:
         group = _audit_group()
         world_size, rank = self.plan.world_size, self.share.rank
-        mine = {"rule": self.rule, "share": tuple(self.share), "repeats": delivered.repeats,
-                "counts": (delivered.batches, delivered.rows)}  # fmt: skip
+        mine = {
+            "rule": self.rule,
+            "share": tuple(self.share),
+            "repeats": delivered.repeats,
+            "counts": (delivered.batches, delivered.rows),
+        }
         heads: list[Any] = [None] * world_size
         _collective(lambda: dist.all_gather_object(heads, mine, group=group))
         shares = [Share(*head["share"]) for head in heads]

@@ -63,9 +63,11 @@ def _parser() -> argparse.ArgumentParser:
         "--max-in-flight", type=_depth, default="auto", help="an integer, or auto (default)"
     )
     demo.add_argument(
-        "--cache", choices=("none", "memory", "disk"), default="none",
+        "--cache",
+        choices=("none", "memory", "disk"),
+        default="none",
         help="serve the epochs from a copy filled by one scan (default: none)",
-    )  # fmt: skip
+    )
     demo.add_argument("--epochs", type=_positive_int, default=5)
     demo.add_argument("--seed", type=int, default=0)
     bench = commands.add_parser(

@@ -171,10 +171,16 @@ class LoaderConfig:
         _set(self, "max_in_flight", check_int_or_auto("max_in_flight", self.max_in_flight))
         if isinstance(self.readahead, int) and isinstance(self.max_in_flight, int):
             check_depths(self.readahead, self.max_in_flight)
-        _set(self, "max_buffer_bytes", check_int("max_buffer_bytes", self.max_buffer_bytes,
-                                                 minimum=1))  # fmt: skip
-        _set(self, "cache", check_choice("cache", self.cache, _CACHES, none=True,
-                                         explain=_CACHE_WORDS))  # fmt: skip
+        _set(
+            self,
+            "max_buffer_bytes",
+            check_int("max_buffer_bytes", self.max_buffer_bytes, minimum=1),
+        )
+        _set(
+            self,
+            "cache",
+            check_choice("cache", self.cache, _CACHES, none=True, explain=_CACHE_WORDS),
+        )
         if self.cache_bytes is not None:
             _set(self, "cache_bytes", check_int("cache_bytes", self.cache_bytes, minimum=1))
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
@@ -205,11 +211,18 @@ class LoaderConfig:
                 f"permutation={self.permutation!r} says how a shuffled epoch is held, but "
                 f"shuffle=False reads the dataset's own order; leave permutation out"
             )
-        _set(self, "log_every_s", check_seconds("log_every", self.log_every_s, positive=True,
-                                                none_means="no logging"))  # fmt: skip
-        _set(self, "coalesce", check_int_or_auto(
-            "coalesce", self.coalesce, expected="'auto' or a number of batches per take >= 1"
-        ))  # fmt: skip
+        _set(
+            self,
+            "log_every_s",
+            check_seconds("log_every", self.log_every_s, positive=True, none_means="no logging"),
+        )
+        _set(
+            self,
+            "coalesce",
+            check_int_or_auto(
+                "coalesce", self.coalesce, expected="'auto' or a number of batches per take >= 1"
+            ),
+        )
         if isinstance(self.readahead, int):
             coalesce_size(self.coalesce, self.batch_size, self.readahead)  # coalesce <= readahead
         check_folder("cache_dir", self.cache_dir)
@@ -223,20 +236,33 @@ class LoaderConfig:
         _set(self, "placement", check_placement(self.pin_memory, self.device))
         _set(self, "weights", check_weights(self.weights, shuffle=self.shuffle))
         if isinstance(self.storage_options, (list, tuple)):  # one per dataset of a list source
-            _set(self, "storage_options", tuple(
-                check_str_mapping(f"storage_options[{i}]", o)
-                for i, o in enumerate(self.storage_options)
-            ))  # fmt: skip
+            _set(
+                self,
+                "storage_options",
+                tuple(
+                    check_str_mapping(f"storage_options[{i}]", o)
+                    for i, o in enumerate(self.storage_options)
+                ),
+            )
         if isinstance(self.version, (list, tuple)):
-            _set(self, "version", tuple(check_version(f"version[{i}]", v)
-                                        for i, v in enumerate(self.version)))  # fmt: skip
+            _set(
+                self,
+                "version",
+                tuple(check_version(f"version[{i}]", v) for i, v in enumerate(self.version)),
+            )
         listed = isinstance(self.storage_options, tuple) or isinstance(self.version, tuple)
-        _set(self, "source_options", SourceOptions(
-            columns=self.columns, io=self.io,
-            version=None if isinstance(self.version, tuple) else self.version,
-            storage_options=None if isinstance(self.storage_options, tuple)
-            else self.storage_options,
-        ))  # fmt: skip
+        _set(
+            self,
+            "source_options",
+            SourceOptions(
+                columns=self.columns,
+                io=self.io,
+                version=None if isinstance(self.version, tuple) else self.version,
+                storage_options=None
+                if isinstance(self.storage_options, tuple)
+                else self.storage_options,
+            ),
+        )
         _set(self, "columns", self.source_options.columns)
         if not listed:
             _set(self, "storage_options", self.source_options.storage_options)
@@ -273,10 +299,14 @@ class LoaderConfig:
             return value[i] if isinstance(value, tuple) else value
 
         return [
-            SourceOptions(columns=self.columns, io=self.io, version=pick("version", i),
-                          storage_options=pick("storage_options", i))
+            SourceOptions(
+                columns=self.columns,
+                io=self.io,
+                version=pick("version", i),
+                storage_options=pick("storage_options", i),
+            )
             for i in range(count)
-        ]  # fmt: skip
+        ]
 
     def resolve(self, *, row_bytes: int | None, num_rows: int, uri: str = "") -> Resolved:
         """Coalescing, the permutation kind, the tuner and the hedging for the dataset at ``uri``
@@ -341,10 +371,16 @@ class MapDatasetConfig:
                 f"use RetryPolicy(timeout=None) and bound each request with "
                 f"storage_options['timeout'], or use PrefetchLoader"
             )
-        _set(self, "source_options", SourceOptions(
-            columns=self.columns, version=self.version,
-            storage_options=self.storage_options, io=self.io,
-        ))  # fmt: skip
+        _set(
+            self,
+            "source_options",
+            SourceOptions(
+                columns=self.columns,
+                version=self.version,
+                storage_options=self.storage_options,
+                io=self.io,
+            ),
+        )
 
 
 def _check_rank_pair(rank: Any, world_size: Any) -> bool:

@@ -107,8 +107,9 @@ class Share(NamedTuple):
     def locals(self, plan: EpochPlan) -> range:
         """The rank's batches (``j``) this share hands out by the rule."""
         total = plan.num_batches if self.rank < 0 else plan.batches_of(self.rank)
-        return range(first_local(self.worker_id, self.num_workers, self.skip), total,
-                     self.num_workers)  # fmt: skip
+        return range(
+            first_local(self.worker_id, self.num_workers, self.skip), total, self.num_workers
+        )
 
     def skipped(self, plan: EpochPlan) -> list[int]:
         """Global positions of the batches this share delivered before it resumed."""
@@ -156,8 +157,9 @@ def expected_deliveries(
             set_rows(bits, order.slice(start, min(start + CHUNK, high)), on=on)
     extra_rows, extra_counts = NO_ROWS, NO_ROWS
     if end > num_rows:  # padding: positions past the end wrap around to the permutation's start
-        rows, counts = np.unique(order.take(np.arange(num_rows, end) % num_rows),
-                                 return_counts=True)  # fmt: skip
+        rows, counts = np.unique(
+            order.take(np.arange(num_rows, end) % num_rows), return_counts=True
+        )
         new = ~has_rows(bits, rows)
         set_rows(bits, rows[new])
         counts = counts - new
@@ -415,16 +417,25 @@ def check(
     stray = union & ~expected.bits
     shown = np.flatnonzero(over)[:SHOWN]
     return AuditReport(
-        uri=uri, version=version, epoch=plan.epoch, start=plan.start,
-        world_size=plan.world_size, shares=tuple(counts), rows_expected=expected.total,
-        rows_delivered=delivered, num_padded=plan.num_padded, num_dropped=plan.num_dropped,
-        num_missing=popcount(absent) + len(short), num_repeated=int(over.sum()),
+        uri=uri,
+        version=version,
+        epoch=plan.epoch,
+        start=plan.start,
+        world_size=plan.world_size,
+        shares=tuple(counts),
+        rows_expected=expected.total,
+        rows_delivered=delivered,
+        num_padded=plan.num_padded,
+        num_dropped=plan.num_dropped,
+        num_missing=popcount(absent) + len(short),
+        num_repeated=int(over.sum()),
         num_unexpected=popcount(stray),
         missing=tuple(int(r) for r in np.union1d(rows_of(absent, SHOWN), short)[:SHOWN]),
         repeated=tuple((int(rows[i]), int(got[i]), int(due[i])) for i in shown),
-        unexpected=tuple(int(r) for r in rows_of(stray, SHOWN)), exact=exact,
+        unexpected=tuple(int(r) for r in rows_of(stray, SHOWN)),
+        exact=exact,
         before=None if before is None else tuple((int(a), int(b)) for a, b in before),
-    )  # fmt: skip
+    )
 
 
 def _lookup(keys: np.ndarray, values: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -123,15 +123,28 @@ def train(
     *feature_columns, label_column = columns
     torch.manual_seed(seed)
     loader = PrefetchLoader(
-        uri, batch_size, columns=columns, seed=seed, readahead=readahead,
-        max_in_flight=max_in_flight, rank=0, world_size=1, cache=cache,
-    )  # fmt: skip
+        uri,
+        batch_size,
+        columns=columns,
+        seed=seed,
+        readahead=readahead,
+        max_in_flight=max_in_flight,
+        rank=0,
+        world_size=1,
+        cache=cache,
+    )
     held_out = None
     if eval_uri is not None:
         held_out = PrefetchLoader(
-            eval_uri, 512, columns=columns, drop_last=False, readahead=2, max_in_flight=2,
-            rank=0, world_size=1,
-        )  # fmt: skip
+            eval_uri,
+            512,
+            columns=columns,
+            drop_last=False,
+            readahead=2,
+            max_in_flight=2,
+            rank=0,
+            world_size=1,
+        )
     first = next(iter(loader))
     for name in columns:
         if not isinstance(first[name], torch.Tensor):

@@ -144,8 +144,9 @@ class DeviceFeed:
     out.
     """
 
-    def __init__(self, device: torch.device, take: Callable[[], Any],
-                 delivered: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self, device: torch.device, take: Callable[[], Any], delivered: Callable[[], None]
+    ) -> None:
         self._device, self._take, self._delivered = device, take, delivered
         backend = getattr(torch, device.type, None)
         streams = all(hasattr(backend, name) for name in ("Stream", "current_stream", "stream"))

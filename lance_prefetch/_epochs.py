@@ -222,10 +222,20 @@ class EpochControl:
     def __getstate__(self) -> dict[str, Any]:
         if multiprocessing.context.get_spawning_popen() is not None:
             self._spawned += 1  # shared with the new process, which gets the next number
-            return {"block": self._block, "lock": self._lock, "spawned": self._spawned,
-                    "iterations": 0, "home": self._home}  # fmt: skip
-        return {"block": self._block.clone(), "lock": None, "spawned": self._spawned,
-                "iterations": self._iterations, "home": None}  # fmt: skip
+            return {
+                "block": self._block,
+                "lock": self._lock,
+                "spawned": self._spawned,
+                "iterations": 0,
+                "home": self._home,
+            }
+        return {
+            "block": self._block.clone(),
+            "lock": None,
+            "spawned": self._spawned,
+            "iterations": self._iterations,
+            "home": None,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._block = state["block"]

@@ -63,10 +63,16 @@ def loader_identity(loader: Any) -> dict[str, Any]:
     config, source = loader.config, loader._source
     split = config.split
     several = hasattr(source, "datasets")  # a ConcatSource or MixtureSource
-    return {"uri": source.sources[0].uri if several else loader.uri,
-            "version": source.sources[0].version if several else loader.version,
-            "num_rows": loader.num_rows, "seed": loader.seed, "batch_size": loader.batch_size,
-            "drop_last": loader.drop_last, "permutation": loader.permutation,
-            "filter": config.filter, "split": None if split is None else split.to_state(),
-            "datasets": source.datasets() if several else None,
-            "weights": None if config.weights is None else list(config.weights)}  # fmt: skip
+    return {
+        "uri": source.sources[0].uri if several else loader.uri,
+        "version": source.sources[0].version if several else loader.version,
+        "num_rows": loader.num_rows,
+        "seed": loader.seed,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "permutation": loader.permutation,
+        "filter": config.filter,
+        "split": None if split is None else split.to_state(),
+        "datasets": source.datasets() if several else None,
+        "weights": None if config.weights is None else list(config.weights),
+    }

@@ -376,24 +376,46 @@ def start_iteration(
     else:
         batches = plan.rank_batches(rank, worker_id=worker_id, num_workers=num_workers, skip=skip)
     batches = deliveries(batches, plan)
-    reader = BatchReader(source, epoch=plan.epoch, transform=config.transform,
-                         retry=config.retry, telemetry=telemetry,
-                         placement=config.placement)  # fmt: skip
+    reader = BatchReader(
+        source,
+        epoch=plan.epoch,
+        transform=config.transform,
+        retry=config.retry,
+        telemetry=telemetry,
+        placement=config.placement,
+    )
     if config.transform is None and getattr(source, "ready", False):  # a filled memory cache
         tuner = None  # nothing is read ahead: no depth to tune
-        prefetcher: Any = DirectPrefetcher(groups(batches, resolved.coalesce), reader.read,
-                                           process=reader.convert, readahead=int(readahead),
-                                           max_in_flight=int(max_in_flight))  # fmt: skip
+        prefetcher: Any = DirectPrefetcher(
+            groups(batches, resolved.coalesce),
+            reader.read,
+            process=reader.convert,
+            readahead=int(readahead),
+            max_in_flight=int(max_in_flight),
+        )
     else:
         share = (plan.num_batches if rank is None else plan.batches_of(rank)) // num_workers
         size = share_size(resolved.coalesce, share, int(max_in_flight))
-        prefetcher = Prefetcher(groups(batches, size, ramp=True), reader.read,
-                                process=reader.convert, readahead=int(readahead),
-                                max_in_flight=int(max_in_flight), retry=config.retry,
-                                size=len, hedge=resolved.hedge)  # fmt: skip
-    return LoaderIterator(prefetcher, reader=reader, counter=counter, telemetry=telemetry,
-                          log_every_s=config.log_every_s, tuner=tuner,
-                          device=config.placement.device, audit=audit)  # fmt: skip
+        prefetcher = Prefetcher(
+            groups(batches, size, ramp=True),
+            reader.read,
+            process=reader.convert,
+            readahead=int(readahead),
+            max_in_flight=int(max_in_flight),
+            retry=config.retry,
+            size=len,
+            hedge=resolved.hedge,
+        )
+    return LoaderIterator(
+        prefetcher,
+        reader=reader,
+        counter=counter,
+        telemetry=telemetry,
+        log_every_s=config.log_every_s,
+        tuner=tuner,
+        device=config.placement.device,
+        audit=audit,
+    )
 
 
 def deliveries(batches: Iterator[PlannedBatch], plan: EpochPlan) -> Iterator[PlannedBatch]:

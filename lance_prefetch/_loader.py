@@ -205,14 +205,36 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch._config.LoaderConfig`).
         self.config = config = LoaderConfig(
-            batch_size=batch_size, columns=columns, seed=seed, readahead=readahead,
-            max_in_flight=max_in_flight, drop_last=drop_last, shuffle=shuffle, rank=rank,
-            world_size=world_size, storage_options=storage_options, version=version,
-            transform=transform, retry=retry, permutation=permutation, io=io, log_every_s=log_every,
-            coalesce=coalesce, cache=cache, cache_bytes=cache_bytes, cache_dir=cache_dir,
-            max_buffer_bytes=max_buffer_bytes, pin_memory=pin_memory, device=device, audit=audit,
-            audit_dir=audit_dir, filter=filter, split=split, weights=weights, hedge=hedge,
-        )  # fmt: skip
+            batch_size=batch_size,
+            columns=columns,
+            seed=seed,
+            readahead=readahead,
+            max_in_flight=max_in_flight,
+            drop_last=drop_last,
+            shuffle=shuffle,
+            rank=rank,
+            world_size=world_size,
+            storage_options=storage_options,
+            version=version,
+            transform=transform,
+            retry=retry,
+            permutation=permutation,
+            io=io,
+            log_every_s=log_every,
+            coalesce=coalesce,
+            cache=cache,
+            cache_bytes=cache_bytes,
+            cache_dir=cache_dir,
+            max_buffer_bytes=max_buffer_bytes,
+            pin_memory=pin_memory,
+            device=device,
+            audit=audit,
+            audit_dir=audit_dir,
+            filter=filter,
+            split=split,
+            weights=weights,
+            hedge=hedge,
+        )
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
         self._counter: DeliveryCounter | None = None  # ... and how far it got
@@ -229,8 +251,11 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._read_ahead_by: str | None = None
         self._iterators: weakref.WeakSet[LazyIteration] = weakref.WeakSet()
         self._source = open_sources(source, config)  # pinned, cached, filter/split, mixed
-        resolved = config.resolve(row_bytes=fixed_row_bytes(self._source.schema),
-                                  num_rows=self.num_rows, uri=self._source.uri)  # fmt: skip
+        resolved = config.resolve(
+            row_bytes=fixed_row_bytes(self._source.schema),
+            num_rows=self.num_rows,
+            uri=self._source.uri,
+        )
         #: Batches read by one ``take`` (``coalesce`` resolved).
         self.coalesce = resolved.coalesce
         #: ``"array"`` or ``"lazy"``: the ``permutation`` option resolved for :attr:`num_rows`.
@@ -326,10 +351,16 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     def _plan(self, epoch: int, start: int, world_size: int) -> EpochPlan:
         with naming_rows(self._source):  # drop_last=True with too few rows: names the rows read
             return EpochPlan(
-                num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed, epoch=epoch,
-                world_size=world_size, drop_last=self.drop_last, start=start,
-                permutation_kind=self.permutation, shuffle=self.shuffle,
-            )  # fmt: skip
+                num_rows=self.num_rows,
+                batch_size=self.batch_size,
+                seed=self.seed,
+                epoch=epoch,
+                world_size=world_size,
+                drop_last=self.drop_last,
+                start=start,
+                permutation_kind=self.permutation,
+                shuffle=self.shuffle,
+            )
 
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank, but with
@@ -540,17 +571,34 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         # a framework wrapper among the callers of this first next() that reads ahead of the step
         self._ahead = find_read_ahead(self) if worker is None else None
         self._counter = counter = DeliveryCounter(
-            ident, decision, world_size=1 if every_rank else world_size, worker_id=worker_id,
-            num_workers=num_workers, skip=skip)  # fmt: skip
+            ident,
+            decision,
+            world_size=1 if every_rank else world_size,
+            worker_id=worker_id,
+            num_workers=num_workers,
+            skip=skip,
+        )
         self._telemetry = Telemetry(decision.epoch, None if worker is None else worker.id)
         plan = self._plan(decision.epoch, decision.start, world_size)
-        self._audit = audit = open_audit(exchange, plan, share, self.config.audit_dir,
-                                         identity=loader_identity(self),
-                                         memory=self._audit_memory, ident=ident)  # fmt: skip
+        self._audit = audit = open_audit(
+            exchange,
+            plan,
+            share,
+            self.config.audit_dir,
+            identity=loader_identity(self),
+            memory=self._audit_memory,
+            ident=ident,
+        )
         return start_iteration(
-            epoch_view(self._source, decision.epoch), plan, counter, self._telemetry, rank=None if every_rank else rank,
-            config=self.config, resolved=self._resolved, audit=audit,
-        )  # fmt: skip
+            epoch_view(self._source, decision.epoch),
+            plan,
+            counter,
+            self._telemetry,
+            rank=None if every_rank else rank,
+            config=self.config,
+            resolved=self._resolved,
+            audit=audit,
+        )
 
     def stats(self) -> LoaderStats:
         """Telemetry of the latest iteration in this process (:class:`LoaderStats`: rows/s,

@@ -142,9 +142,13 @@ class LanceMapDataset(SourceFacade, Dataset):
         io: str | None = "auto",
     ) -> None:
         self.config = config = MapDatasetConfig(
-            columns=columns, storage_options=storage_options, version=version,
-            transform=transform, retry=retry, io=io,
-        )  # fmt: skip
+            columns=columns,
+            storage_options=storage_options,
+            version=version,
+            transform=transform,
+            retry=retry,
+            io=io,
+        )
         self.transform, self.retry = config.transform, config.retry
         self._source = LanceSource(source, config.source_options)
         check_schema(self._source.schema)

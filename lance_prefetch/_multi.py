@@ -61,9 +61,12 @@ class ConcatSource:
         #: (every table read is cast to it: a non-nullable column of one dataset and a nullable
         #: one of another read together).
         self.schema: pa.Schema = pa.schema(
-            [field.with_nullable(any(s.schema.field(field.name).nullable for s in self.sources))
-             for field in first], metadata=first.metadata,
-        )  # fmt: skip
+            [
+                field.with_nullable(any(s.schema.field(field.name).nullable for s in self.sources))
+                for field in first
+            ],
+            metadata=first.metadata,
+        )
 
     uri = property(lambda self: " + ".join(s.uri for s in self.sources), doc="The URIs.")
     version = property(lambda self: tuple(s.version for s in self.sources), doc="Versions.")

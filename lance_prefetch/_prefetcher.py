@@ -272,9 +272,14 @@ class Prefetcher(Generic[T, R]):
             with anyio.CancelScope(deadline=deadline) as scope:
                 timer = None if timeout is None else Timer(scope, self._loop)  # type: ignore
                 run = functools.partial(  # run(hedge): one take in a worker thread, bounded by
-                    anyio.to_thread.run_sync, self._fetch_into, item, slot, timer,  # the limiter
-                    abandon_on_cancel=True, limiter=anyio.CapacityLimiter(math.inf),  # above only
-                )  # fmt: skip
+                    anyio.to_thread.run_sync,
+                    self._fetch_into,
+                    item,
+                    slot,
+                    timer,  # the limiter
+                    abandon_on_cancel=True,
+                    limiter=anyio.CapacityLimiter(math.inf),  # above only
+                )
                 return await race(run, self._hedger, lambda: slot.is_set)
         if timer is not None and timer.fetched:  # the read just made it; the thread finishes it
             await anyio.to_thread.run_sync(slot.wait, abandon_on_cancel=True)

@@ -67,10 +67,11 @@ class Projection:
         self.read_columns: list[str] = [name for name in self.columns if name not in self.blobs]
         self.scan_columns: list[str] = list(self.columns)
         self.schema: pa.Schema = pa.schema(
-            pa.field(f.name, pa.large_binary(), f.nullable, {BLOB_KEY: b"true"}) if is_blob(f)
+            pa.field(f.name, pa.large_binary(), f.nullable, {BLOB_KEY: b"true"})
+            if is_blob(f)
             else f
             for f in fields
-        )  # fmt: skip
+        )
         self._storage = _nested_schema(self.schema)
 
     def assemble(
@@ -147,8 +148,10 @@ def _resolve(schema: pa.Schema, name: str, where: str) -> pa.Field:
 
 
 def _holds_blob(field: pa.Field) -> bool:
-    return any(is_blob(child) or (pa.types.is_struct(child.type) and _holds_blob(child))
-               for child in field.type)  # fmt: skip
+    return any(
+        is_blob(child) or (pa.types.is_struct(child.type) and _holds_blob(child))
+        for child in field.type
+    )
 
 
 def _leaves(field: pa.Field, name: str) -> list[str]:

@@ -101,8 +101,10 @@ class Ranks:
             logger.info(
                 "lance_prefetch: this process is rank %d of %d (the loader was built as rank %d "
                 "of %d); it reads rank %d's share",
-                *live, *self.value, live[0],
-            )  # fmt: skip
+                *live,
+                *self.value,
+                live[0],
+            )
             self.value = live
         return self.value
 

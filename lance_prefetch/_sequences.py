@@ -198,8 +198,9 @@ def pad(flat: Flat, width: int, pad_value: float, side: str) -> tuple[torch.Tens
     return padded.masked_scatter_(mask, values), mask
 
 
-def pack(flat: Flat, seq_len: int, pad_value: float, *, labels: bool, boundaries: bool
-         ) -> dict[str, Any]:  # fmt: skip
+def pack(
+    flat: Flat, seq_len: int, pad_value: float, *, labels: bool, boundaries: bool
+) -> dict[str, Any]:
     """The tokens of every row, in order, cut into ``ceil(total / seq_len)`` rows of ``seq_len``
     (the last one padded at its end), with Hugging Face's names: ``input_ids`` (the column's
     dtype; a view of ``flat.values`` when nothing is padded), ``attention_mask`` (int64), with

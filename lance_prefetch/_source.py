@@ -307,9 +307,11 @@ class LanceSource:
             with native_call():
                 columns = self._projection.scan_columns if own else dict(projection)
                 reader = dataset.scanner(
-                    columns=columns, batch_size=batch_rows, scan_in_order=True,
+                    columns=columns,
+                    batch_size=batch_rows,
+                    scan_in_order=True,
                     blob_handling="all_binary" if blobs else None,
-                ).to_reader()  # fmt: skip
+                ).to_reader()
             rows = 0
             while True:
                 with native_call():

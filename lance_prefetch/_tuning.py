@@ -250,8 +250,12 @@ class DepthTuner:
         )
         logger.debug(
             "readahead='auto': %d -> %d takes in flight, readahead %d -> %d batches (%s)",
-            before.max_in_flight, after.max_in_flight, before.readahead, after.readahead, why,
-        )  # fmt: skip
+            before.max_in_flight,
+            after.max_in_flight,
+            before.readahead,
+            after.readahead,
+            why,
+        )
         self.given = after
         self.meter.settle(now)
         return after

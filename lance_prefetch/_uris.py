@@ -51,8 +51,16 @@ def remote(uri: str) -> bool:
 
 
 # File suffixes pyarrow.dataset reads, for the hint when a file is given as the dataset.
-_FILE_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "ipc",
-                 ".feather": "ipc", ".ipc": "ipc", ".json": "json", ".jsonl": "json"}  # fmt: skip
+_FILE_FORMATS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".arrow": "ipc",
+    ".feather": "ipc",
+    ".ipc": "ipc",
+    ".json": "json",
+    ".jsonl": "json",
+}
 
 
 def refuse_a_file(uri: str) -> None:

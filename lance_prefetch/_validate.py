@@ -407,15 +407,18 @@ def check_weights(value: Any, *, shuffle: bool) -> tuple[float, ...] | None:
     if hasattr(value, "tolist") and not isinstance(value, Sequence):  # numpy, torch: 1-D
         value = value.tolist()
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
-        raise TypeError(f"weights should be a list of numbers, one per dataset ({example}), "
-                        f"but got {value!r}")  # fmt: skip
+        raise TypeError(
+            f"weights should be a list of numbers, one per dataset ({example}), but got {value!r}"
+        )
     floats = []
     for i, weight in enumerate(value):
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
             raise TypeError(f"weights[{i}] should be a number, but got {weight!r} ({example})")
         if not math.isfinite(weight) or weight <= 0:
-            raise ValueError(f"weights[{i}] should be a finite number > 0, but got {weight!r}; "
-                             f"leave a dataset out of source rather than weigh it 0")  # fmt: skip
+            raise ValueError(
+                f"weights[{i}] should be a finite number > 0, but got {weight!r}; "
+                f"leave a dataset out of source rather than weigh it 0"
+            )
         floats.append(float(weight))
     if len(floats) < 2:
         raise ValueError(f"weights should list at least two numbers, but got {value!r} ({example})")

@@ -73,9 +73,15 @@ __all__ = ["check_schema", "fixed_row_bytes", "to_tensors"]
 # Arrow types torch has no (fully supported) dtype for: widened, with a copy.
 _WIDEN = {pa.uint16(): np.int32, pa.uint32(): np.int64, pa.uint64(): np.int64}
 _ZERO_COPY = {
-    pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(),
-    pa.float16(), pa.float32(), pa.float64(),
-}  # fmt: skip
+    pa.int8(),
+    pa.int16(),
+    pa.int32(),
+    pa.int64(),
+    pa.uint8(),
+    pa.float16(),
+    pa.float32(),
+    pa.float64(),
+}
 
 
 def _is_number(arrow_type: pa.DataType) -> bool:
@@ -178,11 +184,14 @@ def _converted_copy(field: pa.Field, path: str) -> str:
     if pa.types.is_dictionary(arrow_type):  # the cast decodes it to its values' type
         values = arrow_type.value_type
         target = (
-            "STRING" if _is_text(values)
-            else "BIGINT" if pa.types.is_integer(values)
-            else "DOUBLE" if pa.types.is_floating(values)
+            "STRING"
+            if _is_text(values)
+            else "BIGINT"
+            if pa.types.is_integer(values)
+            else "DOUBLE"
+            if pa.types.is_floating(values)
             else None
-        )  # fmt: skip
+        )
     elif pa.types.is_temporal(arrow_type):  # timestamp, date, time, duration: their integer
         target = "BIGINT"
     elif pa.types.is_decimal(arrow_type):

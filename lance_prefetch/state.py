@@ -94,9 +94,18 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 # optional: "audit" (a list of [start, stop] pairs), checked by _check_audit
 #: Fields that must equal the loader's own for a state to load (``version`` can be allowed to differ).
 MATCHED = (
-    "uri", "version", "datasets", "weights", "filter", "split", "num_rows", "seed",
-    "batch_size", "drop_last", "permutation",
-)  # fmt: skip
+    "uri",
+    "version",
+    "datasets",
+    "weights",
+    "filter",
+    "split",
+    "num_rows",
+    "seed",
+    "batch_size",
+    "drop_last",
+    "permutation",
+)
 _PERMUTATIONS = ("array", "lazy", "identity")
 
 
@@ -222,10 +231,11 @@ def check_state(
     ]
     if mismatches:
         details = "; ".join(
-            _dataset_difference(state[k], expected[k]) if k == "datasets" and several
+            _dataset_difference(state[k], expected[k])
+            if k == "datasets" and several
             else f"{k} is {state[k]!r} in the state but {expected[k]!r} in this loader"
             for k in mismatches
-        )  # fmt: skip
+        )
         hint = (
             " (or pass allow_version_change=True to continue on another version)"
             if mismatches == ["version"]

@@ -64,8 +64,13 @@ __all__ = ["PackTokens", "PadTokens"]
 _SIDES = ("right", "left")
 #: the keys PackTokens(boundaries=True) writes besides the tokens, the mask and the labels
 _BOUNDARY_KEYS = (
-    "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
-)  # fmt: skip
+    "position_ids",
+    "seq_idx",
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +133,11 @@ class PadTokens:
                 "truncation=True cuts rows to max_length, but max_length=None; pass max_length"
             )
         if self.pad_to_multiple_of is not None:
-            _set(self, "pad_to_multiple_of",
-                 check_int("pad_to_multiple_of", self.pad_to_multiple_of, minimum=1))  # fmt: skip
+            _set(
+                self,
+                "pad_to_multiple_of",
+                check_int("pad_to_multiple_of", self.pad_to_multiple_of, minimum=1),
+            )
             if self.max_length is not None:
                 raise ValueError(
                     f"pad_to_multiple_of={self.pad_to_multiple_of} rounds the batch's longest "
@@ -222,8 +230,13 @@ class PackTokens:
         keys."""
         flat = flatten(sequences, self.column)
         check_pad_value(self.pad_value, flat.values.dtype, "pad_value", self.column)
-        packed = pack(flat, self.seq_len, self.pad_value, labels=self.labels_key is not None,
-                      boundaries=self.boundaries)  # fmt: skip
+        packed = pack(
+            flat,
+            self.seq_len,
+            self.pad_value,
+            labels=self.labels_key is not None,
+            boundaries=self.boundaries,
+        )
         out = {self.key or self.column: packed["input_ids"]}
         if self.mask_key is not None:
             out[self.mask_key] = packed["attention_mask"]

@@ -45,11 +45,16 @@ def _records(plan, shares, change=lambda share, batches: batches):
     for share in shares:
         record = CoverageRecord(plan.num_rows)
         if share.rank < 0:
-            batches = plan.all_batches(worker_id=share.worker_id, num_workers=share.num_workers,
-                                       skip=share.skip)  # fmt: skip
+            batches = plan.all_batches(
+                worker_id=share.worker_id, num_workers=share.num_workers, skip=share.skip
+            )
         else:
-            batches = plan.rank_batches(share.rank, worker_id=share.worker_id,
-                                        num_workers=share.num_workers, skip=share.skip)  # fmt: skip
+            batches = plan.rank_batches(
+                share.rank,
+                worker_id=share.worker_id,
+                num_workers=share.num_workers,
+                skip=share.skip,
+            )
         for batch in change(share, list(batches)):
             record.add(batch.indices)
         yield record.delivered()
@@ -66,8 +71,13 @@ def test_the_check_follows_the_rule_padding_resumes_and_worker_skips():
     assert report.ok and (report.rows_expected, report.num_padded) == (4, 2)
     expected = expected_deliveries(tiny)
     assert expected.extra_rows.tolist() == [0, 1] and expected.extra_counts.tolist() == [1, 1]
-    lost = check(tiny, shares, _records(tiny, shares, lambda s, b: b if s.rank != 3 else []),
-                 uri="u", version=1)  # fmt: skip
+    lost = check(
+        tiny,
+        shares,
+        _records(tiny, shares, lambda s, b: b if s.rank != 3 else []),
+        uri="u",
+        version=1,
+    )
     row = int(tiny.batch(3).indices[0])
     assert (lost.num_missing, lost.missing, lost.ok) == (1, (row,), False)
 
@@ -146,8 +156,17 @@ def test_two_ranks_through_audit_dir_padded_and_resumed(ids_1003, tmp_path):
     says the rows before the resume are not covered."""
 
     def make(rank):
-        return PrefetchLoader(ids_1003, 10, columns=["id"], drop_last=False, seed=1, rank=rank,
-                              world_size=2, audit=True, audit_dir=tmp_path)  # fmt: skip
+        return PrefetchLoader(
+            ids_1003,
+            10,
+            columns=["id"],
+            drop_last=False,
+            seed=1,
+            rank=rank,
+            world_size=2,
+            audit=True,
+            audit_dir=tmp_path,
+        )
 
     first, second = make(0), make(1)
     assert read_to_end(first) == (51, None) and first.audit_report is None  # not all in yet
@@ -180,8 +199,12 @@ def test_the_audit_catches_an_injected_fault_on_two_ranks(fault, ids_1003, tmp_p
     """Rank 1 hands its batch 7 out twice, or not at all (through the hand-out seam): rank 1's
     last next() raises CoverageError with exactly that batch's rows, the epoch and the rank;
     rank 0 reads its share normally."""
-    loaders = [PrefetchLoader(ids_1003, 10, columns=["id"], rank=rank, world_size=2, audit=True,
-                              audit_dir=tmp_path) for rank in (0, 1)]  # fmt: skip
+    loaders = [
+        PrefetchLoader(
+            ids_1003, 10, columns=["id"], rank=rank, world_size=2, audit=True, audit_dir=tmp_path
+        )
+        for rank in (0, 1)
+    ]
     assert read_to_end(loaders[0]) == (50, None)
     monkeypatch.setattr(_iteration, "deliveries", faulty(1, {0: (1, fault, 7)}))
     batches, error = read_to_end(loaders[1])
@@ -212,8 +235,19 @@ def test_the_audit_catches_an_injected_fault_on_two_ranks(fault, ids_1003, tmp_p
 def test_the_sequential_mode_with_ranks_a_batch_apart(ids_1003, tmp_path):
     """shuffle=False (drop_last=False): 101 global batches over 3 ranks, 34, 34 and 33 each,
     nothing padded, every row once; the dataset's order is checked like any permutation."""
-    loaders = [PrefetchLoader(ids_1003, 10, columns=["id"], shuffle=False, rank=rank,
-                              world_size=3, audit=True, audit_dir=tmp_path) for rank in range(3)]  # fmt: skip
+    loaders = [
+        PrefetchLoader(
+            ids_1003,
+            10,
+            columns=["id"],
+            shuffle=False,
+            rank=rank,
+            world_size=3,
+            audit=True,
+            audit_dir=tmp_path,
+        )
+        for rank in range(3)
+    ]
     assert [read_to_end(loader) for loader in loaders] == [(34, None), (34, None), (33, None)]
     report = loaders[2].audit_report
     assert report.ok and (report.rows_expected, report.num_padded, report.num_dropped) == (
@@ -269,8 +303,14 @@ def test_two_dataloader_workers_through_audit_dir(ids_1003, tmp_path):
     1 (the rank's batch 3) out twice, and the CoverageError reaches the training loop through
     the DataLoader, naming the rows and the worker."""
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], audit=True, audit_dir=tmp_path)
-    data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS,
-                      persistent_workers=True, worker_init_fn=duplicate_in_worker_1)  # fmt: skip
+    data = DataLoader(
+        loader,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=WORKERS,
+        persistent_workers=True,
+        worker_init_fn=duplicate_in_worker_1,
+    )
     loader.set_epoch(0)
     assert batch_ids(data) == expected_rank_ids(loader, epoch=0)
     assert sorted(os.listdir(tmp_path)) == ["iteration1-report.json", "rank0.iterations"]
@@ -300,8 +340,10 @@ def test_a_gloo_group_of_two_processes(ids_1003, tmp_path):
     on rank 1, or dropped on rank 0, fails on both ranks with its exact rows; ranks reading
     different epochs are refused; shuffle=False with rank 1 a batch short passes."""
     results = WORKERS.Queue()
-    processes = [WORKERS.Process(target=gloo_rank, args=(rank, ids_1003, str(tmp_path / "store"),
-                                                         results)) for rank in range(2)]  # fmt: skip
+    processes = [
+        WORKERS.Process(target=gloo_rank, args=(rank, ids_1003, str(tmp_path / "store"), results))
+        for rank in range(2)
+    ]
     for process in processes:
         process.start()
     try:

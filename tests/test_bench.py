@@ -64,8 +64,9 @@ def test_local_s3_routes_reads_to_nginx_and_the_api_to_rclone(need_nginx):
     import lance
 
     with local_s3.LocalS3(latency=None) as s3:
-        uri = write_synthetic(s3.uri("t.lance"), 300, rows_per_file=100,
-                              storage_options=s3.storage_options())  # fmt: skip
+        uri = write_synthetic(
+            s3.uri("t.lance"), 300, rows_per_file=100, storage_options=s3.storage_options()
+        )
         dataset = lance.dataset(uri, storage_options=s3.storage_options())
         assert dataset.take([299, 0, 150], columns=["id"]).column("id").to_pylist() == [299, 0, 150]
         data_file = dataset.get_fragments()[0].data_files()[0].path
@@ -86,8 +87,9 @@ def test_local_s3_routes_reads_to_nginx_and_the_api_to_rclone(need_nginx):
 
 def test_latency_proxy_holds_each_response(need_nginx):
     """Every request on a kept-alive connection takes at least the delay, tail included."""
-    with local_s3.LocalS3(latency=Latency(delay_ms=40, jitter_ms=0, tail_fraction=1.0,
-                                          tail_ms=30)) as s3:  # fmt: skip
+    with local_s3.LocalS3(
+        latency=Latency(delay_ms=40, jitter_ms=0, tail_fraction=1.0, tail_ms=30)
+    ) as s3:
         port = int(s3.endpoint.rsplit(":", 1)[1])
         assert s3.endpoint != s3.server_endpoint
         took = []
@@ -134,8 +136,11 @@ def test_managed_process_stops_its_whole_group():
     process.stop()
     process.stop()  # idempotent
     time.sleep(0.1)
-    assert not [pid for pid in [process.pid, *children] if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    assert not [
+        pid
+        for pid in [process.pid, *children]
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 # -- configuration and the command line ------------------------------------------------------------
@@ -181,8 +186,13 @@ def test_cli_bench_reports_errors_without_a_traceback(tmp_path, capsys):
 
 # -- the report ------------------------------------------------------------------------------------
 def _contender(name, label, sha, batches_sha="b", rows=8):
-    record = {"epoch": 0, "from": "id column", "rows": rows, "sha256": sha,
-              "batches_sha256": batches_sha}  # fmt: skip
+    record = {
+        "epoch": 0,
+        "from": "id column",
+        "rows": rows,
+        "sha256": sha,
+        "batches_sha256": batches_sha,
+    }
     return {"name": name, "label": label, "ids": {"0": record}}
 
 
@@ -201,33 +211,66 @@ def test_check_ids_finds_a_contender_that_read_other_rows():
 
 def _fake_report(tmp_path):
     meta = {
-        "machine": {"summary": "2 cores", "cores": 2}, "versions": {"pylance": "14"},
-        "load_average_start": "0", "load_average_end": "0", "total_s": 1.0,
-        "storage": {"kind": "emulated S3", "description": "d", "lance_io_threads": "unset",
-                    "limiter": "pinned", "latency": {"delay_ms": 30, "jitter_ms": 10,
-                                                     "tail_fraction": 0.01, "tail_ms": 150}},
+        "machine": {"summary": "2 cores", "cores": 2},
+        "versions": {"pylance": "14"},
+        "load_average_start": "0",
+        "load_average_end": "0",
+        "total_s": 1.0,
+        "storage": {
+            "kind": "emulated S3",
+            "description": "d",
+            "lance_io_threads": "unset",
+            "limiter": "pinned",
+            "latency": {"delay_ms": 30, "jitter_ms": 10, "tail_fraction": 0.01, "tail_ms": 150},
+        },
         "dataset": {"rows": 1000, "fragments": 1, "columns": ["id"], "bytes_per_row": 8.0},
-        "settings": {"batch_size": 10, "batches": 5, "warmup_batches": 1, "step_ms": 50.0,
-                     "seed": 0},
-    }  # fmt: skip
+        "settings": {
+            "batch_size": 10,
+            "batches": 5,
+            "warmup_batches": 1,
+            "step_ms": 50.0,
+            "seed": 0,
+        },
+    }
 
     def passes(rows_per_s, wait, take_ms):
-        metrics = {"rows_per_s": rows_per_s, "batches_per_s": 1.0, "mib_per_s": 1.0,
-                   "first_batch_s": 0.1, "take_p50_ms": take_ms, "take_p99_ms": take_ms,
-                   "take_mean_ms": take_ms}  # fmt: skip
+        metrics = {
+            "rows_per_s": rows_per_s,
+            "batches_per_s": 1.0,
+            "mib_per_s": 1.0,
+            "first_batch_s": 0.1,
+            "take_p50_ms": take_ms,
+            "take_p99_ms": take_ms,
+            "take_mean_ms": take_ms,
+        }
         return {"throughput": metrics, "step": {**metrics, "step_ms": 50.0, "wait_fraction": wait}}
 
     common = {"setup_s": 0.1, "warmup_s": 0.1, "peak_rss_mib": 300.0, "notes": []}
     contenders = [
-        {"name": "sequential", "label": "sequential", "settings": {},
-         "passes": passes(1000, 0.6, 100), **common},
-        {"name": "map-style", "label": "map-style", "settings": {"num_workers": 4},
-         "error": "RuntimeError: boom"},
-        *({"name": "lance-prefetch", "label": f"lance-prefetch r{ra}/m{mif}",
-           "settings": {"readahead": ra, "max_in_flight": mif},
-           "passes": passes(rate, wait, 100), **common}
-          for ra, mif, rate, wait in ((4, 1, 1100, 0.5), (4, 4, 4500, 0.01), (16, 4, 3900, 0.08))),
-    ]  # fmt: skip
+        {
+            "name": "sequential",
+            "label": "sequential",
+            "settings": {},
+            "passes": passes(1000, 0.6, 100),
+            **common,
+        },
+        {
+            "name": "map-style",
+            "label": "map-style",
+            "settings": {"num_workers": 4},
+            "error": "RuntimeError: boom",
+        },
+        *(
+            {
+                "name": "lance-prefetch",
+                "label": f"lance-prefetch r{ra}/m{mif}",
+                "settings": {"readahead": ra, "max_in_flight": mif},
+                "passes": passes(rate, wait, 100),
+                **common,
+            }
+            for ra, mif, rate, wait in ((4, 1, 1100, 0.5), (4, 4, 4500, 0.01), (16, 4, 3900, 0.08))
+        ),
+    ]
     return {"meta": meta, "contenders": contenders, "ids_check": verdicts.check_ids(contenders)}
 
 
@@ -258,21 +301,40 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     from lance_prefetch._bench.run import _plan
 
     config = BenchConfig(
-        readahead=(4, 16), max_in_flight=(4,), contenders=("sequential", "lance-prefetch"),
+        readahead=(4, 16),
+        max_in_flight=(4,),
+        contenders=("sequential", "lance-prefetch"),
         repeats=3,
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match="repeats should be >= 1"):
         BenchConfig(repeats=0)
-    base = dict(uri="x", version=1, num_rows=100, columns=["id"], storage_options=None,
-                batch_size=10, batches=2, warmup_batches=0, seed=0, step_ms=0.0,
-                id_column="id", record_ids=False)  # fmt: skip
+    base = dict(
+        uri="x",
+        version=1,
+        num_rows=100,
+        columns=["id"],
+        storage_options=None,
+        batch_size=10,
+        batches=2,
+        warmup_batches=0,
+        seed=0,
+        step_ms=0.0,
+        id_column="id",
+        record_ids=False,
+    )
     order = [(round_, label) for round_, label, _, _ in _plan(config, base)]
     assert order == [
-        (0, "sequential"), (0, "lance-prefetch defaults"), (0, "lance-prefetch r4/m4"),
+        (0, "sequential"),
+        (0, "lance-prefetch defaults"),
+        (0, "lance-prefetch r4/m4"),
         (0, "lance-prefetch r16/m4"),
-        (1, "lance-prefetch r4/m4"), (1, "lance-prefetch r16/m4"), (1, "lance-prefetch defaults"),
-        (2, "lance-prefetch r16/m4"), (2, "lance-prefetch defaults"), (2, "lance-prefetch r4/m4"),
-    ]  # fmt: skip
+        (1, "lance-prefetch r4/m4"),
+        (1, "lance-prefetch r16/m4"),
+        (1, "lance-prefetch defaults"),
+        (2, "lance-prefetch r16/m4"),
+        (2, "lance-prefetch defaults"),
+        (2, "lance-prefetch r4/m4"),
+    ]
 
     fake = _fake_report(tmp_path)["contenders"]
     r4 = fake[2]
@@ -327,17 +389,32 @@ def test_every_contender_reads_the_same_rows(tmp_path):
     above), to keep the test short."""
     uri = write_synthetic(str(tmp_path / "ids.lance"), 700, rows_per_file=250)
     config = BenchConfig(
-        uri=uri, batch_size=32, batches=6, warmup_batches=1, step_ms=1, readahead=(2,),
-        max_in_flight=(2,), ceiling_concurrency=(1, 3), ceiling_repeats=1, map_workers=1,
-        contenders=("sequential", "map-style", "ceiling", "lance-prefetch"), record_ids=True,
-        out_dir=tmp_path / "out", name="ids", progress=False,
-    )  # fmt: skip
+        uri=uri,
+        batch_size=32,
+        batches=6,
+        warmup_batches=1,
+        step_ms=1,
+        readahead=(2,),
+        max_in_flight=(2,),
+        ceiling_concurrency=(1, 3),
+        ceiling_repeats=1,
+        map_workers=1,
+        contenders=("sequential", "map-style", "ceiling", "lance-prefetch"),
+        record_ids=True,
+        out_dir=tmp_path / "out",
+        name="ids",
+        progress=False,
+    )
     result, paths = run_bench(config)
     contenders = {c["label"]: c for c in result["contenders"]}
     assert [c for c in contenders.values() if "error" in c] == []
     assert sorted(contenders) == [
-        "ceiling", "lance-prefetch defaults", "lance-prefetch r2/m2", "map-style", "sequential"
-    ]  # fmt: skip
+        "ceiling",
+        "lance-prefetch defaults",
+        "lance-prefetch r2/m2",
+        "map-style",
+        "sequential",
+    ]
     for epoch in (0, 1):
         plan = EpochPlan(num_rows=700, batch_size=32, seed=0, epoch=epoch, world_size=1)
         expected = sorted(i for b in list(plan.rank_batches(0))[:6] for i in b.indices.tolist())
@@ -365,17 +442,53 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
     temp.mkdir()
     out = tmp_path / "out"
     command = [
-        sys.executable, "-m", "lance_prefetch", "bench", "--local-s3", "--rows", "600",
-        "--rows-per-file", "200", "--batch-size", "64", "--batches", "4", "--warmup-batches", "1",
-        "--contenders", "sequential,lance-prefetch,peers", "--readahead", "2",
-        "--max-in-flight", "2", "--grain-threads", "2", "--spdl-concurrency", "2",
-        "--delay-ms", "5", "--jitter-ms", "1", "--tail-fraction", "0", "--step-ms", "5",
-        "--out", str(out), "--name", "tiny", "--targets",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "lance_prefetch",
+        "bench",
+        "--local-s3",
+        "--rows",
+        "600",
+        "--rows-per-file",
+        "200",
+        "--batch-size",
+        "64",
+        "--batches",
+        "4",
+        "--warmup-batches",
+        "1",
+        "--contenders",
+        "sequential,lance-prefetch,peers",
+        "--readahead",
+        "2",
+        "--max-in-flight",
+        "2",
+        "--grain-threads",
+        "2",
+        "--spdl-concurrency",
+        "2",
+        "--delay-ms",
+        "5",
+        "--jitter-ms",
+        "1",
+        "--tail-fraction",
+        "0",
+        "--step-ms",
+        "5",
+        "--out",
+        str(out),
+        "--name",
+        "tiny",
+        "--targets",
+    ]
     result = subprocess.run(
-        command, capture_output=True, text=True, timeout=200, check=False,
+        command,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
         env={**os.environ, "TMPDIR": str(temp)},
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(
         r"^\| contender \| settings \| uniform \| rows/s \|", result.stdout, re.MULTILINE
@@ -384,14 +497,23 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
     assert "| sequential |" in (out / "tiny.md").read_text()
     data = json.loads((out / "tiny.json").read_text())
     assert [c["label"] for c in data["contenders"]] == [
-        "sequential", "lance-prefetch defaults", "lance-prefetch r2/m2", "grain num_threads=2",
-        "spdl concurrency=2", "lancedb-streaming num_splits=1",
-    ]  # fmt: skip
+        "sequential",
+        "lance-prefetch defaults",
+        "lance-prefetch r2/m2",
+        "grain num_threads=2",
+        "spdl concurrency=2",
+        "lancedb-streaming num_splits=1",
+    ]
     for contender in data["contenders"]:
         assert "error" not in contender
         timed = contender["name"] != "lancedb-streaming"  # its reads run inside LanceDB
-        for field in ("rows_per_s", "batches_per_s", "mib_per_s", "first_batch_s",
-                      *(("take_p50_ms", "take_p99_ms") if timed else ())):  # fmt: skip
+        for field in (
+            "rows_per_s",
+            "batches_per_s",
+            "mib_per_s",
+            "first_batch_s",
+            *(("take_p50_ms", "take_p99_ms") if timed else ()),
+        ):
             assert contender["passes"]["throughput"][field] > 0, field
         assert contender["passes"]["throughput"]["rows"] == 4 * 64
         assert 0 <= contender["passes"]["step"]["wait_fraction"] <= 1
@@ -401,15 +523,21 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
     assert storage["limiter"].startswith("pinned at 5000 requests/s")
     assert data["ids_check"]["ok"]
     assert data["ids_check"]["epochs"]["0"]["contenders"] == [
-        "sequential", "lance-prefetch defaults", "lance-prefetch r2/m2", "spdl concurrency=2"
-    ]  # fmt: skip
+        "sequential",
+        "lance-prefetch defaults",
+        "lance-prefetch r2/m2",
+        "spdl concurrency=2",
+    ]
     assert {t["target"] for t in data["targets"]} >= {
         "emulated S3: best lance-prefetch >= 4x sequential rows/s"
     }
     pids = storage["servers"]["pids"] + [c["pid"] for c in data["contenders"]]
     time.sleep(0.2)
-    assert not [pid for pid in pids if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    assert not [
+        pid
+        for pid in pids
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
     assert not set(storage["servers"]["ports"]) & _listening_ports()
     assert _processes_mentioning(str(temp)) == []
     assert list(temp.iterdir()) == []  # temporary folders removed
@@ -425,14 +553,32 @@ def test_ctrl_c_stops_everything(tmp_path, need_nginx):
     temp = tmp_path / "tmp"
     temp.mkdir()
     command = [
-        sys.executable, "-m", "lance_prefetch", "bench", "--local-s3", "--rows", "20000",
-        "--batch-size", "64", "--batches", "200", "--contenders", "sequential",
-        "--step-ms", "200", "--out", str(tmp_path / "out"), "--no-progress",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "lance_prefetch",
+        "bench",
+        "--local-s3",
+        "--rows",
+        "20000",
+        "--batch-size",
+        "64",
+        "--batches",
+        "200",
+        "--contenders",
+        "sequential",
+        "--step-ms",
+        "200",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "TMPDIR": str(temp)},
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 60
         while not any("_worker" in p for p in _processes_mentioning(str(temp))):
@@ -459,10 +605,18 @@ def test_map_dataset_and_worker_contenders_read_the_same_rows(tmp_path):
     compares one take per batch with one take per row."""
     uri = write_synthetic(str(tmp_path / "ids.lance"), 300, rows_per_file=100)
     config = BenchConfig(
-        uri=uri, batch_size=16, batches=3, warmup_batches=1, step_ms=1, map_workers=1,
+        uri=uri,
+        batch_size=16,
+        batches=3,
+        warmup_batches=1,
+        step_ms=1,
+        map_workers=1,
         contenders=("prefetch-workers", "lance-map", "lance-map-rows"),
-        record_ids=True, out_dir=tmp_path / "out", name="choose", progress=False,
-    )  # fmt: skip
+        record_ids=True,
+        out_dir=tmp_path / "out",
+        name="choose",
+        progress=False,
+    )
     result, paths = run_bench(config)
     contenders = {c["label"]: c for c in result["contenders"]}
     assert sorted(contenders) == ["lance-map", "lance-map-rows", "prefetch-workers"]
@@ -486,19 +640,30 @@ def test_auto_is_also_compared_round_by_round():
     """Rows/s by round: auto 100, 90, 200, 50 (round 4 failed for the other), the best fixed 100,
     100, 160, -, 40: per-round ratios 1.0, 0.9, 1.25 (round 3 ran only for auto, round 4 only
     for the fixed setting); median 1.0 (of an odd count, the middle one)."""
-    auto = {"rounds": [
-        {"round": 0, "rows_per_s": 100.0}, {"round": 1, "rows_per_s": 90.0},
-        {"round": 2, "rows_per_s": 200.0}, {"round": 3, "rows_per_s": 50.0},
-        {"round": 4, "error": "E"},
-    ]}  # fmt: skip
-    fixed = {"rounds": [
-        {"round": 0, "rows_per_s": 100.0}, {"round": 1, "rows_per_s": 100.0},
-        {"round": 2, "rows_per_s": 160.0}, {"round": 3, "error": "E"},
-        {"round": 4, "rows_per_s": 40.0},
-    ]}  # fmt: skip
+    auto = {
+        "rounds": [
+            {"round": 0, "rows_per_s": 100.0},
+            {"round": 1, "rows_per_s": 90.0},
+            {"round": 2, "rows_per_s": 200.0},
+            {"round": 3, "rows_per_s": 50.0},
+            {"round": 4, "error": "E"},
+        ]
+    }
+    fixed = {
+        "rounds": [
+            {"round": 0, "rows_per_s": 100.0},
+            {"round": 1, "rows_per_s": 100.0},
+            {"round": 2, "rows_per_s": 160.0},
+            {"round": 3, "error": "E"},
+            {"round": 4, "rows_per_s": 40.0},
+        ]
+    }
     assert verdicts.paired_ratio(auto, fixed) == {
-        "median": 1.0, "low": 0.9, "high": 1.25, "rounds": 3
-    }  # fmt: skip
+        "median": 1.0,
+        "low": 0.9,
+        "high": 1.25,
+        "rounds": 3,
+    }
     four = {"rounds": [*auto["rounds"][:3], {"round": 4, "rows_per_s": 10.0}]}
     assert verdicts.paired_ratio(four, fixed)["median"] == 0.9  # the lower middle: 0.25, 0.9, ...
     assert verdicts.paired_ratio({"rounds": []}, fixed) is None
@@ -506,12 +671,15 @@ def test_auto_is_also_compared_round_by_round():
 
     def setting(label, readahead, rates):
         return {
-            "name": "lance-prefetch", "label": label,
+            "name": "lance-prefetch",
+            "label": label,
             "settings": {"readahead": readahead, "max_in_flight": 4, "coalesce": 1},
-            "passes": {"throughput": {"rows_per_s": sorted(rates)[(len(rates) - 1) // 2]},
-                       "step": {"wait_fraction": 0.02}},
+            "passes": {
+                "throughput": {"rows_per_s": sorted(rates)[(len(rates) - 1) // 2]},
+                "step": {"wait_fraction": 0.02},
+            },
             "rounds": [{"round": i, "rows_per_s": r} for i, r in enumerate(rates)],
-        }  # fmt: skip
+        }
 
     contenders = [
         setting("fixed", 16, [100.0, 100.0, 160.0]),

@@ -30,10 +30,18 @@ def tiny(tmp_path_factory):
 def _run(tiny, kind, **settings):
     uri, version = tiny
     spec = ContenderSpec(
-        kind=kind, uri=uri, version=version, num_rows=ROWS, columns=["id", "vector", "label"],
-        batch_size=BATCH, batches=BATCHES, warmup_batches=1, step_ms=1, record_ids=True,
+        kind=kind,
+        uri=uri,
+        version=version,
+        num_rows=ROWS,
+        columns=["id", "vector", "label"],
+        batch_size=BATCH,
+        batches=BATCHES,
+        warmup_batches=1,
+        step_ms=1,
+        record_ids=True,
         **settings,
-    )  # fmt: skip
+    )
     return spec, run_contender(spec)
 
 
@@ -93,16 +101,24 @@ def test_a_missing_peer_is_a_skipped_row_with_the_install_line(tiny, tmp_path, m
     assert _contenders("sequential,peers") == ("sequential", "grain", "spdl", "lancedb-streaming")
     found = _peer_contenders.importlib.util.find_spec
     monkeypatch.setattr(
-        _peer_contenders.importlib.util, "find_spec",
+        _peer_contenders.importlib.util,
+        "find_spec",
         lambda name, *a: None if name == "grain" else found(name, *a),
-    )  # fmt: skip
+    )
     hint = "grain needs grain, which is not installed: install the peers after torch: pip install 'lance-prefetch[peers]'"
     assert _peer_contenders.missing_peer("grain").startswith(hint)
     assert _peer_contenders.missing_peer("spdl") is None
     config = BenchConfig(
-        uri=tiny[0], batch_size=BATCH, batches=2, warmup_batches=0, step_ms=0,
-        contenders=("sequential", "grain"), out_dir=tmp_path, name="skip", progress=False,
-    )  # fmt: skip
+        uri=tiny[0],
+        batch_size=BATCH,
+        batches=2,
+        warmup_batches=0,
+        step_ms=0,
+        contenders=("sequential", "grain"),
+        out_dir=tmp_path,
+        name="skip",
+        progress=False,
+    )
     result, paths = run_bench(config)
     sequential, grain_row = result["contenders"]
     assert sequential["passes"]["throughput"]["rows"] == 2 * BATCH
@@ -119,12 +135,25 @@ def test_a_missing_peer_is_a_skipped_row_with_the_install_line(tiny, tmp_path, m
 
 def test_the_defaults_row_is_marked_and_kept_out_of_the_tuned_settings():
     def run(label, settings, rate):
-        passes = {"rows_per_s": rate, "batches_per_s": 1.0, "mib_per_s": 1.0,
-                  "first_batch_s": 0.25, "take_p50_ms": 1.0, "take_p99_ms": 2.0}  # fmt: skip
-        return {"name": "lance-prefetch", "label": label, "settings": settings,
-                "uniform": "yes", "setup_s": 0.1, "warmup_s": 0.2, "peak_rss_mib": 321.0,
-                "cold_first_batch_s": 0.6,
-                "passes": {"throughput": passes, "step": {"wait_fraction": 0.01}}}  # fmt: skip
+        passes = {
+            "rows_per_s": rate,
+            "batches_per_s": 1.0,
+            "mib_per_s": 1.0,
+            "first_batch_s": 0.25,
+            "take_p50_ms": 1.0,
+            "take_p99_ms": 2.0,
+        }
+        return {
+            "name": "lance-prefetch",
+            "label": label,
+            "settings": settings,
+            "uniform": "yes",
+            "setup_s": 0.1,
+            "warmup_s": 0.2,
+            "peak_rss_mib": 321.0,
+            "cold_first_batch_s": 0.6,
+            "passes": {"throughput": passes, "step": {"wait_fraction": 0.01}},
+        }
 
     defaults = run(
         "lance-prefetch defaults",
@@ -141,7 +170,12 @@ def test_the_defaults_row_is_marked_and_kept_out_of_the_tuned_settings():
     assert table[1][:8] == [
         "**lance-prefetch defaults**",
         "no tuning arguments (its defaults: readahead=auto, max_in_flight=auto, coalesce=auto)",
-        "yes", "9,000", "1.0", "1.0", "600", "250",
-    ]  # fmt: skip
+        "yes",
+        "9,000",
+        "1.0",
+        "1.0",
+        "600",
+        "250",
+    ]
     assert table[1][10] == "321"  # peak RSS MiB
     assert table[2][:3] == ["**lance-prefetch** (best)", "readahead=4, max_in_flight=4", "yes"]

@@ -127,9 +127,13 @@ def test_the_first_epoch_is_read_while_the_disk_copy_is_made(ids_1003, tmp_path,
 
     monkeypatch.setattr(LanceSource, "scan", stalling_scan)
     loader = PrefetchLoader(
-        ids_1003, 100, coalesce=1, cache="disk", cache_dir=tmp_path / "c",
+        ids_1003,
+        100,
+        coalesce=1,
+        cache="disk",
+        cache_dir=tmp_path / "c",
         retry=RetryPolicy(timeout=0.2),
-    )  # fmt: skip
+    )
     assert batch_ids(loader) == expected_rank_ids(loader)
     assert not loader._source.cached and loader.stats().cache_hit_ratio == 0.0
     time.sleep(0.3)  # the fill still waits, past the per-take timeout
@@ -340,11 +344,13 @@ def test_a_null_in_a_filled_memory_cache_fails_its_own_batch_as_without_a_cache(
     Epoch 1, read from the filled cache, stops where the uncached loader does: at the first
     batch holding a null, naming that batch, the batches before it delivered."""
     nulls = {5, 1002, 1999, 2996}
-    table = pa.table({
-        "id": np.arange(3000),
-        "label": pa.array([None if i in nulls else i % 10 for i in range(3000)], pa.int32()),
-        "text": [f"row {i}" for i in range(3000)],
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "id": np.arange(3000),
+            "label": pa.array([None if i in nulls else i % 10 for i in range(3000)], pa.int32()),
+            "text": [f"row {i}" for i in range(3000)],
+        }
+    )
     uri = str(tmp_path / "nulls.lance")
     lance.write_dataset(table, uri, max_rows_per_file=1000)
 
@@ -369,8 +375,10 @@ def test_a_null_in_a_filled_memory_cache_fails_its_own_batch_as_without_a_cache(
     first_null = next(n for n, ids in enumerate(expected_rank_ids(plain)) if nulls & set(ids))
     assert delivered == expected == expected_rank_ids(plain)[:first_null]
     assert str(info.value) == message
-    assert message.startswith(f"batch {first_null} of epoch 1 (37 rows) from {uri!r} version 1 "
-                              "failed in conversion or transform: ")  # fmt: skip
+    assert message.startswith(
+        f"batch {first_null} of epoch 1 (37 rows) from {uri!r} version 1 "
+        "failed in conversion or transform: "
+    )
 
 
 def test_the_cache_dir_variable_is_checked_as_cache_dir_is_and_expands_the_home(

@@ -366,8 +366,11 @@ def test_a_process_ending_during_the_fill_stops_it_at_the_next_record_batch(
     cache_dir = tmp_path / "cache"
     done = subprocess.run(
         [sys.executable, "-c", _SLOW_FILL, ids_1003, cache, str(cache_dir)],
-        capture_output=True, text=True, env=checkout_env(), timeout=45,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=checkout_env(),
+        timeout=45,
+    )
     assert (done.returncode, done.stdout) == (0, "50\n"), done.stderr[-2000:]
     assert "still inside Lance" not in done.stderr
     assert not list(cache_dir.glob(".partial-*")) and not list(cache_dir.glob("*.lance"))

@@ -19,10 +19,25 @@ def test_demo_learns_and_reports_throughput(tmp_path):
     """Acceptance 9: the demo's held-out accuracy is far above chance (10%) after 3 epochs, and
     every epoch line carries rows/s and the wait fraction."""
     result = subprocess.run(
-        [sys.executable, "-m", "lance_prefetch", "demo", "--epochs", "3",
-         "--data-dir", str(tmp_path), "--readahead", "4", "--max-in-flight", "2"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lance_prefetch",
+            "demo",
+            "--epochs",
+            "3",
+            "--data-dir",
+            str(tmp_path),
+            "--readahead",
+            "4",
+            "--max-in-flight",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     lines = re.findall(
         r"^epoch (\d): loss ([\d.]+)  held-out accuracy ([\d.]+)  rows/s ([\d,]+)  "
@@ -68,10 +83,26 @@ def test_write_digits_is_real_data_split_without_overlap(tmp_path):
 def test_demo_with_a_cache_and_auto_depths(tmp_path, capsys):
     """--cache memory --readahead auto --max-in-flight auto: every epoch's batches come from the
     cache (the first take of the check batch filled it) and the 11 batches of an epoch arrive."""
-    assert cli.main(
-        ["demo", "--data-dir", str(tmp_path), "--epochs", "2", "--batch-size", "128",
-         "--cache", "memory", "--readahead", "auto", "--max-in-flight", "auto"]
-    ) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "demo",
+                "--data-dir",
+                str(tmp_path),
+                "--epochs",
+                "2",
+                "--batch-size",
+                "128",
+                "--cache",
+                "memory",
+                "--readahead",
+                "auto",
+                "--max-in-flight",
+                "auto",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "readahead=auto max_in_flight=auto cache=memory epochs=2" in out
     stats = re.findall(r"loader.stats\(\): epoch (\d): (\d+) batches.*cache hits ([\d.]+)%", out)

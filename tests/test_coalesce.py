@@ -42,9 +42,20 @@ from lance_prefetch.sampling import EpochPlan, PlannedBatch
 
 @pytest.mark.parametrize(
     ("batch_size", "readahead", "expected"),
-    [(64, 8, 4), (64, 256, 64), (64, 100, 50), (100, 256, 41), (1024, 8, 4), (4096, 8, 1),
-     (8192, 8, 1), (10, 3, 1), (10, 2, 1), (10, 1, 1), (1, 10_000, TARGET_ROWS)],
-)  # fmt: skip
+    [
+        (64, 8, 4),
+        (64, 256, 64),
+        (64, 100, 50),
+        (100, 256, 41),
+        (1024, 8, 4),
+        (4096, 8, 1),
+        (8192, 8, 1),
+        (10, 3, 1),
+        (10, 2, 1),
+        (10, 1, 1),
+        (1, 10_000, TARGET_ROWS),
+    ],
+)
 def test_the_auto_rule(batch_size, readahead, expected):
     """ceil(4096 / batch_size), at most readahead // 2, at least 1."""
     assert coalesce_size("auto", batch_size, readahead) == expected
@@ -53,7 +64,7 @@ def test_the_auto_rule(batch_size, readahead, expected):
 @pytest.mark.parametrize(
     ("batch_size", "readahead", "expected"),
     [(256, 1000, 64), (64, 1000, 256), (256, 8, 4), (1, 100_000, TARGET_ROWS_REMOTE)],
-)  # fmt: skip
+)
 def test_the_auto_rule_on_object_stores(batch_size, readahead, expected):
     """ceil(16384 / batch_size) there, with the same bounds."""
     target = TARGET_ROWS_REMOTE
@@ -135,10 +146,14 @@ def test_an_explicit_coalesce_is_kept_up_to_readahead():
 
 @pytest.mark.parametrize(
     ("value", "error", "match"),
-    [(0, ValueError, "coalesce should be an integer >= 1"), ("max", TypeError, "'auto' or"),
-     (2.0, TypeError, "'auto' or a number"), (True, TypeError, "'auto' or a number"),
-     (None, TypeError, "'auto' or a number")],
-)  # fmt: skip
+    [
+        (0, ValueError, "coalesce should be an integer >= 1"),
+        ("max", TypeError, "'auto' or"),
+        (2.0, TypeError, "'auto' or a number"),
+        (True, TypeError, "'auto' or a number"),
+        (None, TypeError, "'auto' or a number"),
+    ],
+)
 def test_bad_coalesce_values(value, error, match):
     with pytest.raises(error, match=match):
         LoaderConfig(batch_size=4, coalesce=value)  # the one check, before any I/O
@@ -249,16 +264,22 @@ def _recorded_takes(monkeypatch) -> list[list[int]]:
 
 @pytest.mark.parametrize(
     ("coalesce", "max_in_flight", "sizes"),
-    [(1, 4, [1] * 11), (2, 1, [1, 2, 2, 2, 2, 2]), (3, 1, [1, 2, 3, 3, 2]), (7, 1, [1, 2, 4, 4]),
-     (7, 4, [1, 2, 2, 2, 2, 2])],
-)  # fmt: skip
+    [
+        (1, 4, [1] * 11),
+        (2, 1, [1, 2, 2, 2, 2, 2]),
+        (3, 1, [1, 2, 3, 3, 2]),
+        (7, 1, [1, 2, 4, 4]),
+        (7, 4, [1, 2, 2, 2, 2, 2]),
+    ],
+)
 def test_a_coalesced_epoch_is_the_plan_with_one_take_per_group(
     ids_1003, monkeypatch, coalesce, max_in_flight, sizes
 ):
     """11 batches: takes of 1, 2, 4, ... batches up to ``coalesce``, and at most
     ceil(11 / (2 * max_in_flight)) (6 with one take in flight, 2 with four)."""
-    loader = PrefetchLoader(ids_1003, 100, drop_last=False, readahead=8, coalesce=coalesce,
-                            max_in_flight=max_in_flight)  # fmt: skip
+    loader = PrefetchLoader(
+        ids_1003, 100, drop_last=False, readahead=8, coalesce=coalesce, max_in_flight=max_in_flight
+    )
     taken = _recorded_takes(monkeypatch)
     batches = list(loader)
     expected = expected_rank_ids(loader)
@@ -274,8 +295,9 @@ def test_a_coalesced_epoch_is_the_plan_with_one_take_per_group(
 def test_coalesced_takes_on_another_rank(ids_1003, monkeypatch):
     """Rank 1 of 2 groups its own 21 batches: takes of 1, 2, then 3 of them, its batches
     exactly."""
-    loader = PrefetchLoader(ids_1003, 25, rank=1, world_size=2, coalesce=3, drop_last=False,
-                            max_in_flight=1)  # fmt: skip
+    loader = PrefetchLoader(
+        ids_1003, 25, rank=1, world_size=2, coalesce=3, drop_last=False, max_in_flight=1
+    )
     taken = _recorded_takes(monkeypatch)
     expected = expected_rank_ids(loader, 1)
     assert batch_ids(loader) == expected and len(expected) == 21
@@ -467,8 +489,15 @@ def test_the_first_batch_waits_for_its_own_take_and_transform_only(ids_1003):
 def test_closing_stops_the_transforms_of_a_group_being_converted(ids_1003):
     """Takes of 1, 2, then 4 batches; batch 4's transform (in the take of batches 3-6) waits
     until the test closes the iteration: batches 5 and 6 are never transformed."""
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], coalesce=4, readahead=8,
-                            max_in_flight=1, transform=lambda b: gate(b))  # fmt: skip
+    loader = PrefetchLoader(
+        ids_1003,
+        10,
+        columns=["id"],
+        coalesce=4,
+        readahead=8,
+        max_in_flight=1,
+        transform=lambda b: gate(b),
+    )
     expected = expected_rank_ids(loader)
     closed, transformed = threading.Event(), []
 

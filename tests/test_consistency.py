@@ -455,9 +455,15 @@ def test_the_pinned_versions_files_removed_mid_epoch_end_it_with_an_error_naming
         files = {f"data/{path.name}" for path in Path(uri, "data").iterdir()}
     assert len(files) == 4
     loader = PrefetchLoader(
-        uri, 10, columns=["id", "label"], seed=4, readahead=4, max_in_flight=2, coalesce=1,
+        uri,
+        10,
+        columns=["id", "label"],
+        seed=4,
+        readahead=4,
+        max_in_flight=2,
+        coalesce=1,
         storage_options=options,
-    )  # fmt: skip
+    )
     plan = expected_rank_ids(loader, epoch=0)
     iterator = iter(loader)
     batches = [next(iterator)]

@@ -20,11 +20,16 @@ def fixed(values, *sizes):
 @pytest.mark.parametrize(
     "arrow_type,torch_dtype",
     [
-        (pa.int8(), torch.int8), (pa.int16(), torch.int16), (pa.int32(), torch.int32),
-        (pa.int64(), torch.int64), (pa.uint8(), torch.uint8), (pa.float16(), torch.float16),
-        (pa.float32(), torch.float32), (pa.float64(), torch.float64),
+        (pa.int8(), torch.int8),
+        (pa.int16(), torch.int16),
+        (pa.int32(), torch.int32),
+        (pa.int64(), torch.int64),
+        (pa.uint8(), torch.uint8),
+        (pa.float16(), torch.float16),
+        (pa.float32(), torch.float32),
+        (pa.float64(), torch.float64),
     ],
-)  # fmt: skip
+)
 def test_numbers_are_zero_copy(arrow_type, torch_dtype):
     array = pa.array([1, 2, 3, 4], arrow_type)
     tensor = to_tensors(pa.table({"x": array}))["x"]
@@ -33,8 +38,9 @@ def test_numbers_are_zero_copy(arrow_type, torch_dtype):
 
 
 @pytest.mark.parametrize(
-    "arrow_type,torch_dtype", [(pa.uint16(), torch.int32), (pa.uint32(), torch.int64), (pa.uint64(), torch.int64)]
-)  # fmt: skip
+    "arrow_type,torch_dtype",
+    [(pa.uint16(), torch.int32), (pa.uint32(), torch.int64), (pa.uint64(), torch.int64)],
+)
 def test_unsigned_types_torch_lacks_are_widened(arrow_type, torch_dtype):
     tensor = to_tensors(pa.table({"x": pa.array([0, 7, 65535], arrow_type)}))["x"]
     assert tensor.dtype == torch_dtype and tensor.tolist() == [0, 7, 65535]
@@ -184,7 +190,10 @@ def test_tensor_nulls_nan_for_float_values_an_error_for_a_null_tensor():
     out = to_tensors(pa.table({"t": tensors(values, (2,))}))["t"]
     assert out[0, 0].item() == 1.0 and torch.isnan(out[0, 1]) and out[1].tolist() == [3.0, 4.0]
     null_tensor = tensors(np.arange(4), (2,), mask=pa.array([False, True]))
-    with pytest.raises(ValueError, match=r"^column 't' holds 1 null tensors in this batch; a tensor cannot represent them: fill them in the dataset$"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^column 't' holds 1 null tensors in this batch; a tensor cannot represent them: fill them in the dataset$",
+    ):
         to_tensors(pa.table({"t": null_tensor}))
 
 
@@ -201,7 +210,10 @@ def test_structs_become_nested_dicts_each_field_converted():
     )
     outer = pa.StructArray.from_arrays([pa.array([7, 8, 9]), inner], names=["n", "inner"])
     out = to_tensors(pa.table({"image": image, "outer": outer}))
-    assert out["image"] == {"bytes": [b"\x89PNG0", b"\x89PNG1", None], "path": ["0.png", None, "2.png"]}  # fmt: skip
+    assert out["image"] == {
+        "bytes": [b"\x89PNG0", b"\x89PNG1", None],
+        "path": ["0.png", None, "2.png"],
+    }
     assert out["outer"]["n"].tolist() == [7, 8, 9]
     assert out["outer"]["inner"]["x"].tolist() == [0.5, 1.5, 2.5]
     assert out["outer"]["inner"]["v"].tolist() == [[0, 1], [2, 3], [4, 5]]
@@ -229,11 +241,19 @@ GENERAL = (
 REFUSED = [
     ("uuid", pa.uuid(), "column 'u' has Arrow type extension<arrow.uuid>"),
     ("json", pa.json_(), "column 'u' has Arrow type extension<arrow.json>"),
-    ("list of structs", pa.list_(pa.struct([("a", pa.int64())])), "column 'u' has Arrow type list<item: struct<a: int64>>"),
-    ("list of tensors", pa.list_(pa.fixed_shape_tensor(pa.float32(), (2,))), "column 'u' has Arrow type list<item: extension<arrow.fixed_shape_tensor[value_type=float, shape=[2]]>>"),
+    (
+        "list of structs",
+        pa.list_(pa.struct([("a", pa.int64())])),
+        "column 'u' has Arrow type list<item: struct<a: int64>>",
+    ),
+    (
+        "list of tensors",
+        pa.list_(pa.fixed_shape_tensor(pa.float32(), (2,))),
+        "column 'u' has Arrow type list<item: extension<arrow.fixed_shape_tensor[value_type=float, shape=[2]]>>",
+    ),
     ("empty struct", pa.struct([]), "column 'u' has Arrow type struct<>"),
     ("map", pa.map_(pa.string(), pa.int64()), "column 'u' has Arrow type map<string, int64>"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("what,arrow_type,start", REFUSED, ids=[r[0] for r in REFUSED])

@@ -289,19 +289,63 @@ def test_rank_from_environment(ids_1003, monkeypatch):
 @pytest.mark.parametrize(
     "kwargs,error,message",
     [
-        (dict(batch_size=0), ValueError, "batch_size should be an integer >= 1, but got batch_size=0"),
-        (dict(batch_size=1.5), TypeError, "batch_size should be an integer, but got batch_size=1.5 (float)"),
-        (dict(batch_size=10, readahead=0), ValueError, "readahead should be an integer >= 1, but got readahead=0"),
-        (dict(batch_size=10, max_in_flight=0), ValueError, "max_in_flight should be an integer >= 1, but got max_in_flight=0"),
-        (dict(batch_size=10, readahead=2, max_in_flight=3), ValueError, "max_in_flight should be <= readahead, but got max_in_flight=3 > readahead=2; every fetch in flight holds one of the readahead slots"),
-        (dict(batch_size=10, rank=2, world_size=2), ValueError, "Invalid rank 2, rank should be in the interval [0, 1] for world_size=2"),
-        (dict(batch_size=10, rank=0), ValueError, "pass rank and world_size together (or neither, to detect them), but got rank=0, world_size=None"),
-        (dict(batch_size=10, drop_last="yes"), TypeError, "drop_last should be True or False, but got drop_last='yes'"),
-        (dict(batch_size=10, transform=3), TypeError, "transform should be callable or None, but got 3"),
-        (dict(batch_size=10, seed=-3), ValueError, "seed should be an integer >= 0, but got seed=-3"),
-        (dict(batch_size=10, seed=2**64), ValueError, "seed should be an integer in [0, 2**64), but got seed=18446744073709551616; pass a value below 2**64 (e.g. seed % 2**64)"),
+        (
+            dict(batch_size=0),
+            ValueError,
+            "batch_size should be an integer >= 1, but got batch_size=0",
+        ),
+        (
+            dict(batch_size=1.5),
+            TypeError,
+            "batch_size should be an integer, but got batch_size=1.5 (float)",
+        ),
+        (
+            dict(batch_size=10, readahead=0),
+            ValueError,
+            "readahead should be an integer >= 1, but got readahead=0",
+        ),
+        (
+            dict(batch_size=10, max_in_flight=0),
+            ValueError,
+            "max_in_flight should be an integer >= 1, but got max_in_flight=0",
+        ),
+        (
+            dict(batch_size=10, readahead=2, max_in_flight=3),
+            ValueError,
+            "max_in_flight should be <= readahead, but got max_in_flight=3 > readahead=2; every fetch in flight holds one of the readahead slots",
+        ),
+        (
+            dict(batch_size=10, rank=2, world_size=2),
+            ValueError,
+            "Invalid rank 2, rank should be in the interval [0, 1] for world_size=2",
+        ),
+        (
+            dict(batch_size=10, rank=0),
+            ValueError,
+            "pass rank and world_size together (or neither, to detect them), but got rank=0, world_size=None",
+        ),
+        (
+            dict(batch_size=10, drop_last="yes"),
+            TypeError,
+            "drop_last should be True or False, but got drop_last='yes'",
+        ),
+        (
+            dict(batch_size=10, transform=3),
+            TypeError,
+            "transform should be callable or None, but got 3",
+        ),
+        (
+            dict(batch_size=10, seed=-3),
+            ValueError,
+            "seed should be an integer >= 0, but got seed=-3",
+        ),
+        (
+            dict(batch_size=10, seed=2**64),
+            ValueError,
+            "seed should be an integer in [0, 2**64), but got seed=18446744073709551616; pass a value below 2**64 (e.g. seed % 2**64)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_arguments_are_refused_before_any_io(tmp_path, kwargs, error, message):
     """The source does not exist: these errors come first, so no I/O was attempted."""
     with pytest.raises(error) as info:
@@ -392,12 +436,20 @@ def test_batch_load_error_pickles_with_its_context():
 @pytest.mark.parametrize(
     "version,error,message",
     [
-        (1.0, TypeError, "version should be an int (version number) or a str (tag), but got version=1.0"),
-        (True, TypeError, "version should be an int (version number) or a str (tag), but got version=True"),
+        (
+            1.0,
+            TypeError,
+            "version should be an int (version number) or a str (tag), but got version=1.0",
+        ),
+        (
+            True,
+            TypeError,
+            "version should be an int (version number) or a str (tag), but got version=True",
+        ),
         (0, ValueError, "version should be an integer >= 1, but got version=0"),
         (-1, ValueError, "version should be an integer >= 1, but got version=-1"),
     ],
-)  # fmt: skip
+)
 def test_bad_version_types_are_refused_before_io(tmp_path, version, error, message):
     with pytest.raises(error) as info:
         PrefetchLoader(tmp_path / "missing.lance", 10, version=version)
@@ -455,11 +507,17 @@ def test_the_sequential_mode_reads_every_row_once_across_ranks_and_workers(ids_1
     next epoch is the same."""
     streams = []
     for rank in range(3):
-        loader = PrefetchLoader(ids_1003, 10, columns=["id"], shuffle=False, rank=rank,
-                                world_size=3)  # fmt: skip
+        loader = PrefetchLoader(
+            ids_1003, 10, columns=["id"], shuffle=False, rank=rank, world_size=3
+        )
         assert loader.drop_last is False and len(loader) == (33 if rank == 2 else 34)
-        data = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS,
-                          persistent_workers=True)  # fmt: skip
+        data = DataLoader(
+            loader,
+            batch_size=None,
+            num_workers=2,
+            multiprocessing_context=WORKERS,
+            persistent_workers=True,
+        )
         stream = batch_ids(data)
         assert stream == expected_rank_ids(loader) and len(stream) == len(loader)
         assert batch_ids(data) == stream  # epoch 1: the same order

@@ -281,13 +281,16 @@ def test_two_dataloader_workers_read_the_concatenation_and_a_mixture_as_planned(
     both = PrefetchLoader(paths, 8, columns=["id"], seed=1)
     mixed = PrefetchLoader(paths, 8, columns=["id"], seed=1, weights=[1, 1])
     mixed.set_epoch(2)
-    expected = [[LOCAL + p if p < 50 else p - 50 for p in b.indices.tolist()]
-                for b in both.epoch_plan(0).rank_batches(0)]  # fmt: skip
+    expected = [
+        [LOCAL + p if p < 50 else p - 50 for p in b.indices.tolist()]
+        for b in both.epoch_plan(0).rank_batches(0)
+    ]
     expected_mixed = batch_ids(mixed)  # read in this process: the reference
     assert len(expected) == 10 and len(expected_mixed) == 7
     mixed.set_epoch(2)  # again: the workers read epoch 2 too
-    loader = DataLoader(ChainDataset([both, mixed]), batch_size=None, num_workers=2,
-                        multiprocessing_context=WORKERS)  # fmt: skip
+    loader = DataLoader(
+        ChainDataset([both, mixed]), batch_size=None, num_workers=2, multiprocessing_context=WORKERS
+    )
     assert batch_ids(loader) == expected + expected_mixed
 
 

@@ -57,8 +57,9 @@ def test_pinning_runs_in_the_read_threads(ids_25, monkeypatch):
     monkeypatch.setattr("lance_prefetch._device._pin", fake_pin)
     loader = PrefetchLoader(ids_25, 5, columns=["id"], transform=lambda b: {"id": b["id"] * 2})
     expected = [[2 * i for i in b.indices.tolist()] for b in loader.epoch_plan(0).rank_batches(0)]
-    loader = PrefetchLoader(ids_25, 5, columns=["id"], pin_memory=True,
-                            transform=lambda b: {"id": b["id"] * 2})  # fmt: skip
+    loader = PrefetchLoader(
+        ids_25, 5, columns=["id"], pin_memory=True, transform=lambda b: {"id": b["id"] * 2}
+    )
     batches = list(loader)
     assert [b["id"].tolist() for b in batches] == expected
     assert all(b["pinned"] for b in batches) and sorted(pinned) == sorted(expected)
@@ -122,8 +123,15 @@ def test_the_copy_of_the_next_batch_is_issued_before_a_batch_is_handed_out():
     f = feed(takes)
     shapes = [f.next()["x"].shape for _ in range(3)]
     assert shapes == [(1,)] * 3
-    assert takes.log == [("take", 0), ("take", 1), ("delivered",), ("take", 2), ("delivered",),
-                         ("take", 3), ("delivered",)]  # fmt: skip
+    assert takes.log == [
+        ("take", 0),
+        ("take", 1),
+        ("delivered",),
+        ("take", 2),
+        ("delivered",),
+        ("take", 3),
+        ("delivered",),
+    ]
     with pytest.raises(StopIteration):
         f.next()
     with pytest.raises(StopIteration):
@@ -207,11 +215,20 @@ def test_the_step_waits_for_its_own_copy_only(monkeypatch):
     for _ in range(3):
         f.next()
     assert log == [
-        ("take", 0), ("copy on", "side"),  # batch 0 issued at the first call
-        ("wait", "side"), ("take", 1), ("copy on", "side"), ("delivered",),  # hand out 0
-        ("wait", "side"), ("take", 2), ("copy on", "side"), ("delivered",),  # hand out 1
-        ("wait", "side"), ("take", 3), ("delivered",),  # hand out 2; take 3: the end
-    ]  # fmt: skip
+        ("take", 0),
+        ("copy on", "side"),  # batch 0 issued at the first call
+        ("wait", "side"),
+        ("take", 1),
+        ("copy on", "side"),
+        ("delivered",),  # hand out 0
+        ("wait", "side"),
+        ("take", 2),
+        ("copy on", "side"),
+        ("delivered",),  # hand out 1
+        ("wait", "side"),
+        ("take", 3),
+        ("delivered",),  # hand out 2; take 3: the end
+    ]
 
 
 def test_a_failed_copy_ends_the_iteration_after_the_batch_before_it(ids_1003, monkeypatch):

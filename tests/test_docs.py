@@ -17,8 +17,11 @@ BLOCK = re.compile(r"<!-- (run|excerpt: (\S+)) -->\n```python\n(.*?)```", re.S)
 
 
 def blocks(kind: str) -> list[tuple[str | None, str]]:
-    found = [(m.group(2), m.group(3)) for m in BLOCK.finditer(PAGE.read_text())
-             if m.group(1).split(":")[0] == kind]  # fmt: skip
+    found = [
+        (m.group(2), m.group(3))
+        for m in BLOCK.finditer(PAGE.read_text())
+        if m.group(1).split(":")[0] == kind
+    ]
     assert found, f"no {kind} snippet in {PAGE.name}"
     return found
 

@@ -98,8 +98,17 @@ def test_a_worker_resuming_its_own_share_is_recorded_for_the_next_iteration():
 
 def test_worker_identities_differ_by_token_count_and_workers():
     assert iteration_ident(5, 1, 2) == iteration_ident(5, 1, 2) > 0
-    assert len({iteration_ident(5, 1, 2), iteration_ident(6, 1, 2), iteration_ident(5, 2, 2),
-                iteration_ident(5, 1, 3)}) == 4  # fmt: skip
+    assert (
+        len(
+            {
+                iteration_ident(5, 1, 2),
+                iteration_ident(6, 1, 2),
+                iteration_ident(5, 2, 2),
+                iteration_ident(5, 1, 3),
+            }
+        )
+        == 4
+    )
     assert iteration_ident() != iteration_ident()
 
 

@@ -93,9 +93,10 @@ def _unknown_suffix(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "case", [_parquet_file, _csv_file, _under_a_file, _file_uri, _unknown_suffix],
+    "case",
+    [_parquet_file, _csv_file, _under_a_file, _file_uri, _unknown_suffix],
     ids=["parquet-file", "csv-file", "path-under-a-file", "file-uri", "unknown-suffix"],
-)  # fmt: skip
+)
 def test_a_file_is_refused_at_once_with_how_to_convert_it(tmp_path, case):
     """Lance alone retries "Not a directory" for ~2 s; the loader answers before calling it."""
     uri, file, fmt = case(tmp_path)
@@ -317,14 +318,41 @@ def test_unknown_columns_are_listed_with_the_schema(ids_25):
 
 
 UNSUPPORTED = [
-    ("when", pa.array([10, 20, 30], pa.timestamp("us")), "CAST(`when` AS BIGINT)", "when_int", [10, 20, 30]),
-    ("price", pa.array([decimal.Decimal("1.25"), decimal.Decimal("2.5"), decimal.Decimal("-3")], pa.decimal128(6, 2)),
-     "CAST(`price` AS DOUBLE)", "price_float", [1.25, 2.5, -3.0]),
-    ("kind", pa.array(["cat", "dog", "cat"]).dictionary_encode(), "CAST(`kind` AS STRING)", "kind_str", ["cat", "dog", "cat"]),
+    (
+        "when",
+        pa.array([10, 20, 30], pa.timestamp("us")),
+        "CAST(`when` AS BIGINT)",
+        "when_int",
+        [10, 20, 30],
+    ),
+    (
+        "price",
+        pa.array(
+            [decimal.Decimal("1.25"), decimal.Decimal("2.5"), decimal.Decimal("-3")],
+            pa.decimal128(6, 2),
+        ),
+        "CAST(`price` AS DOUBLE)",
+        "price_float",
+        [1.25, 2.5, -3.0],
+    ),
+    (
+        "kind",
+        pa.array(["cat", "dog", "cat"]).dictionary_encode(),
+        "CAST(`kind` AS STRING)",
+        "kind_str",
+        ["cat", "dog", "cat"],
+    ),
     # a struct's field: named by its path, and the other fields offered
-    ("meta", pa.StructArray.from_arrays([pa.array([10, 20, 30], pa.timestamp("us")), pa.array([1, 2, 3])], names=["when", "n"]),
-     "CAST(`meta`.`when` AS BIGINT)", "meta_when_int", [10, 20, 30]),
-]  # fmt: skip
+    (
+        "meta",
+        pa.StructArray.from_arrays(
+            [pa.array([10, 20, 30], pa.timestamp("us")), pa.array([1, 2, 3])], names=["when", "n"]
+        ),
+        "CAST(`meta`.`when` AS BIGINT)",
+        "meta_when_int",
+        [10, 20, 30],
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -444,13 +472,22 @@ def test_nulls_that_have_a_value(with_nulls, column, expected):
 @pytest.mark.parametrize(
     "column,message",
     [
-        ("i64", "column 'i64' (int64) holds 1 nulls in this batch; integer and bool tensors cannot represent them: fill them in the dataset, or store the column as floats to get NaN"),
+        (
+            "i64",
+            "column 'i64' (int64) holds 1 nulls in this batch; integer and bool tensors cannot represent them: fill them in the dataset, or store the column as floats to get NaN",
+        ),
         ("u32", "column 'u32' (uint32) holds 1 nulls in this batch; integer and bool tensors"),
         ("flag", "column 'flag' (bool) holds 1 nulls in this batch; integer and bool tensors"),
-        ("int_item", "column 'int_item' (int32) holds 1 nulls in this batch; integer and bool tensors"),
-        ("vec", "column 'vec' holds 1 null fixed-size lists in this batch; a tensor cannot represent them: fill them in the dataset"),
+        (
+            "int_item",
+            "column 'int_item' (int32) holds 1 nulls in this batch; integer and bool tensors",
+        ),
+        (
+            "vec",
+            "column 'vec' holds 1 null fixed-size lists in this batch; a tensor cannot represent them: fill them in the dataset",
+        ),
     ],
-)  # fmt: skip
+)
 def test_nulls_without_a_value_fail_only_the_batch_that_holds_one(with_nulls, column, message):
     """The loader is built without reading data; batches without the null row arrive, the one
     with it raises BatchLoadError (cause: ValueError naming the column); the map-style dataset
@@ -482,7 +519,12 @@ def test_nulls_without_a_value_fail_only_the_batch_that_holds_one(with_nulls, co
 
 def _int_cases():
     for name in ("batch_size", "seed", "readahead", "max_in_flight"):
-        for value, shown in ((2.0, "2.0 (float)"), (True, "True (a bool)"), ("8", "'8' (str)"), (None, "None (NoneType)")):  # fmt: skip
+        for value, shown in (
+            (2.0, "2.0 (float)"),
+            (True, "True (a bool)"),
+            ("8", "'8' (str)"),
+            (None, "None (NoneType)"),
+        ):
             kwargs = {"batch_size": 4, name: value}
             kind = (
                 "an integer or 'auto'" if name in ("readahead", "max_in_flight") else "an integer"
@@ -497,7 +539,11 @@ def _int_cases():
         ValueError,
         "pass rank and world_size together (or neither, to detect them), but got rank=None, world_size=2",
     )
-    yield {"batch_size": np.float64(4)}, TypeError, "batch_size should be an integer, but got batch_size=np.float64(4.0) (float64)"  # fmt: skip
+    yield (
+        {"batch_size": np.float64(4)},
+        TypeError,
+        "batch_size should be an integer, but got batch_size=np.float64(4.0) (float64)",
+    )
 
 
 INT_CASES = list(_int_cases())
@@ -515,9 +561,15 @@ def test_non_integers_are_refused_before_any_io(tmp_path, kwargs, error, message
 
 def test_numpy_integers_are_accepted(ids_25):
     loader = PrefetchLoader(
-        ids_25, np.int64(5), seed=np.uint8(3), readahead=np.int32(4), max_in_flight=np.int16(2),
-        rank=np.int64(1), world_size=np.int64(2), columns=["id"],
-    )  # fmt: skip
+        ids_25,
+        np.int64(5),
+        seed=np.uint8(3),
+        readahead=np.int32(4),
+        max_in_flight=np.int16(2),
+        rank=np.int64(1),
+        world_size=np.int64(2),
+        columns=["id"],
+    )
     assert (loader.batch_size, loader.seed, loader.readahead, loader.max_in_flight) == (5, 3, 4, 2)
     assert all(type(v) is int for v in (loader.batch_size, loader.seed, loader.rank))
     assert len(collect(loader)) == 2
@@ -544,11 +596,19 @@ def test_set_epoch_refuses_non_integers(ids_25, epoch, error, message):
 @pytest.mark.parametrize(
     "version,error,message",
     [
-        (2.0, TypeError, "version should be an int (version number) or a str (tag), but got version=2.0"),
-        (True, TypeError, "version should be an int (version number) or a str (tag), but got version=True"),
+        (
+            2.0,
+            TypeError,
+            "version should be an int (version number) or a str (tag), but got version=2.0",
+        ),
+        (
+            True,
+            TypeError,
+            "version should be an int (version number) or a str (tag), but got version=True",
+        ),
         (0, ValueError, "version should be an integer >= 1, but got version=0"),
     ],
-)  # fmt: skip
+)
 def test_map_dataset_version_types_are_refused_before_io(tmp_path, version, error, message):
     with within(AT_ONCE), pytest.raises(error) as info:
         LanceMapDataset(tmp_path / "missing.lance", version=version)
@@ -561,9 +621,13 @@ def test_map_dataset_version_types_are_refused_before_io(tmp_path, version, erro
         ("8", TypeError, "index should be an integer, but got '8'"),
         (None, TypeError, "index should be an integer, but got None"),
         (np.bool_(True), TypeError, "index should be an integer, but got np.True_"),
-        (2**70, IndexError, f"index {2**70} is out of range for a dataset of 25 rows (valid: -25 .. 24)"),
+        (
+            2**70,
+            IndexError,
+            f"index {2**70} is out of range for a dataset of 25 rows (valid: -25 .. 24)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_map_dataset_indices(ids_25, index, error, message):
     """(1.0 and True: test_mapstyle.py::test_bad_indices.) A numpy integer is an index."""
     dataset = LanceMapDataset(ids_25, columns=["id"])
@@ -661,11 +725,14 @@ def tagged(fresh_ids) -> str:
     "version,ending",
     [
         ("v2", "its latest version is 2, and its tags are ['v1']"),
-        ("2", "its latest version is 2, and its tags are ['v1'] (a str names a tag; for version number 2 pass an int)"),
+        (
+            "2",
+            "its latest version is 2, and its tags are ['v1'] (a str names a tag; for version number 2 pass an int)",
+        ),
         (3, "its latest version is 2"),
         (2**70, "its latest version is 2"),
     ],
-)  # fmt: skip
+)
 def test_a_missing_version_or_tag(tagged, version, ending):
     for construct in both(tagged, version=version):
         with within(AT_ONCE), pytest.raises(ValueError) as info:

@@ -53,11 +53,28 @@ def test_neighbour_lists_equal_brute_force(pointcloud_knn, tmp_path):
 @pytest.mark.slow
 def test_example_runs_on_a_tiny_size(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "pointcloud_knn.py"), "--uri", str(tmp_path / "pc.lance"),
-         "--clouds", "48", "--points", "24", "--k", "4", "--batch-size", "8", "--epochs", "1",
-         "--workers", "0,1"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(EXAMPLES / "pointcloud_knn.py"),
+            "--uri",
+            str(tmp_path / "pc.lance"),
+            "--clouds",
+            "48",
+            "--points",
+            "24",
+            "--k",
+            "4",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "1",
+            "--workers",
+            "0,1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["num_workers=0", "num_workers=1"]

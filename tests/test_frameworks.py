@@ -33,8 +33,14 @@ def run(command: list[str], timeout: float = 150) -> str:
     """Run ``command`` in its own session; its stdout. Fails the test on a non-zero exit, and on a
     timeout kills everything it started (Ray's cluster included) first."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "RAY_USAGE_STATS_ENABLED": "0"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

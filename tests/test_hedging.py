@@ -53,8 +53,15 @@ def run_prefetcher(fetch, items, *, hedge, retry=None, max_in_flight=2):
         processed[item] += 1
         return value
 
-    prefetcher = Prefetcher(items, fetch, process=process, readahead=4,
-                            max_in_flight=max_in_flight, retry=retry, hedge=hedge)  # fmt: skip
+    prefetcher = Prefetcher(
+        items,
+        fetch,
+        process=process,
+        readahead=4,
+        max_in_flight=max_in_flight,
+        retry=retry,
+        hedge=hedge,
+    )
     iterator = BlockingPrefetcher(prefetcher)
     return iterator, prefetcher, processed
 
@@ -101,8 +108,9 @@ def test_hedges_never_exceed_the_budget():
         time.sleep(0.02 if item in slow else 0.002)
         return item * 10
 
-    iterator, prefetcher, _ = run_prefetcher(sometimes_slow, range(200), hedge=policy,
-                                             max_in_flight=4)  # fmt: skip
+    iterator, prefetcher, _ = run_prefetcher(
+        sometimes_slow, range(200), hedge=policy, max_in_flight=4
+    )
     assert list(iterator) == [i * 10 for i in range(200)]
     statistics = prefetcher.statistics()
     assert 1 <= statistics.hedges <= 200 * 0.05
@@ -167,8 +175,9 @@ def test_a_hedge_that_fails_leaves_the_take_to_finish():
         time.sleep(0.005)
         return item * 10
 
-    iterator, prefetcher, _ = run_prefetcher(fetch, range(12), hedge=EAGER, retry=RetryPolicy(
-        attempts=1))  # fmt: skip
+    iterator, prefetcher, _ = run_prefetcher(
+        fetch, range(12), hedge=EAGER, retry=RetryPolicy(attempts=1)
+    )
     assert list(iterator) == [i * 10 for i in range(12)]
     assert (prefetcher.statistics().hedges_won, calls[10]) == (0, 2)
     assert prefetcher.statistics().hedges >= 1
@@ -186,8 +195,10 @@ def test_hedging_with_a_timeout_keeps_the_first_result():
 
 
 def test_a_loader_whose_take_stalls_for_chosen_rows_delivers_exact_batches(ids_1003, monkeypatch):
-    reference = [b["id"].tolist() for b in PrefetchLoader(ids_1003, 10, columns=["id"],
-                                                           hedge=None, coalesce=1)]  # fmt: skip
+    reference = [
+        b["id"].tolist()
+        for b in PrefetchLoader(ids_1003, 10, columns=["id"], hedge=None, coalesce=1)
+    ]
     stalled_rows = {reference[30][0], reference[70][0]}  # the first row of batches 30 and 70
     release = threading.Event()
     calls: Counter[int] = Counter()
@@ -201,8 +212,9 @@ def test_a_loader_whose_take_stalls_for_chosen_rows_delivers_exact_batches(ids_1
         return original(self, indices)
 
     monkeypatch.setattr(LanceSource, "take", take)
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], coalesce=1, readahead=4,
-                            max_in_flight=2, hedge=EAGER)  # fmt: skip
+    loader = PrefetchLoader(
+        ids_1003, 10, columns=["id"], coalesce=1, readahead=4, max_in_flight=2, hedge=EAGER
+    )
     with iter(loader) as iterator:
         ids = [b["id"].tolist() for b in iterator]
         stats = loader.stats()
@@ -307,7 +319,8 @@ def test_a_take_that_loses_to_one_still_converting_waits_for_its_result():
             time.sleep(0.3)
         return value
 
-    prefetcher = Prefetcher(range(12), fetch, process=process, readahead=4, max_in_flight=2,
-                            hedge=EAGER)  # fmt: skip
+    prefetcher = Prefetcher(
+        range(12), fetch, process=process, readahead=4, max_in_flight=2, hedge=EAGER
+    )
     assert list(BlockingPrefetcher(prefetcher)) == [i * 10 for i in range(12)]
     assert calls[8] == 2 and prefetcher.statistics().hedges_won == 0

@@ -120,10 +120,13 @@ def test_the_proxy_forwards_signed_requests_and_injects_each_fault(s3, faults):
     closes the port and resume() opens it again; a fraction is drawn from the seed."""
     s3.client().put_object(Bucket="training", Key="proxy/object", Body=b"exact bytes")
     client = boto3.client(
-        "s3", endpoint_url=faults.endpoint, region_name="us-east-1",
-        aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key,
+        "s3",
+        endpoint_url=faults.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=s3.access_key_id,
+        aws_secret_access_key=s3.secret_access_key,
         config=Config(retries={"total_max_attempts": 1}, read_timeout=0.3, connect_timeout=0.3),
-    )  # fmt: skip
+    )
 
     def get() -> bytes:
         return client.get_object(Bucket="training", Key="proxy/object")["Body"].read()
@@ -210,9 +213,17 @@ def test_a_store_gone_and_back_within_the_retry_budget_loses_nothing(
     policy = RetryPolicy(attempts=6, backoff=0.2, max_backoff=0.5)
     assert policy.attempts * lance_take_s(1)[0] > 2 * 1.0  # the budget covers the outage twice
     loader = PrefetchLoader(
-        s3_ids_503, 50, columns=["id"], seed=11, drop_last=False, readahead=2, max_in_flight=2,
-        coalesce=1, retry=policy, storage_options=through(s3, faults),
-    )  # fmt: skip
+        s3_ids_503,
+        50,
+        columns=["id"],
+        seed=11,
+        drop_last=False,
+        readahead=2,
+        max_in_flight=2,
+        coalesce=1,
+        retry=policy,
+        storage_options=through(s3, faults),
+    )
     if outage == "refused":
         start, end = faults.refuse, faults.resume
     else:
@@ -237,9 +248,16 @@ def test_a_store_gone_for_good_fails_within_the_bound_and_leaves_no_thread(s3, s
     assert bound == pytest.approx(1.5)
     before = set(threading.enumerate())
     loader = PrefetchLoader(
-        s3_ids_503, 50, columns=["id"], seed=2, readahead=2, max_in_flight=2, coalesce=1,
-        retry=policy, storage_options=through(s3, faults),
-    )  # fmt: skip
+        s3_ids_503,
+        50,
+        columns=["id"],
+        seed=2,
+        readahead=2,
+        max_in_flight=2,
+        coalesce=1,
+        retry=policy,
+        storage_options=through(s3, faults),
+    )
     expected = expected_rank_ids(loader)
     received, error, _, gone = read_until_failure(loader, 3, faults.refuse)
     elapsed = time.monotonic() - gone
@@ -270,10 +288,17 @@ def test_five_percent_of_requests_slowed_down_or_reset_lose_nothing(s3, s3_ids_5
     """5% of requests (seeded) answered 503 SlowDown or reset: Lance's and the loader's retries
     carry the epoch; every id once, in order, with the right vectors."""
     loader = PrefetchLoader(
-        s3_ids_503, 16, columns=["id", "vector"], seed=5, drop_last=False, readahead=4,
-        max_in_flight=2, coalesce=1, storage_options=through(s3, faults),
+        s3_ids_503,
+        16,
+        columns=["id", "vector"],
+        seed=5,
+        drop_last=False,
+        readahead=4,
+        max_in_flight=2,
+        coalesce=1,
+        storage_options=through(s3, faults),
         retry=RetryPolicy(attempts=4, backoff=0.05, max_backoff=0.2),
-    )  # fmt: skip
+    )
     since = time.monotonic()
     faults.set_rule(Rule(("slow_down", "reset"), fraction=0.05, seed=11))
     iterator = iter(loader)
@@ -307,11 +332,14 @@ def revoke_by_denying_access(s3, faults, key):
 @pytest.mark.parametrize(
     "revoke,code",
     [
-        (revoke_by_deleting_the_key, r"InvalidAccessKeyId: The AWS Access Key Id you provided does not exist in our records\."),
+        (
+            revoke_by_deleting_the_key,
+            r"InvalidAccessKeyId: The AWS Access Key Id you provided does not exist in our records\.",
+        ),
         (revoke_by_denying_access, r"AccessDenied: Access Denied"),
     ],
     ids=["key-deleted", "access-denied"],
-)  # fmt: skip
+)
 def test_credentials_revoked_mid_epoch_fail_at_once_naming_the_dataset(
     s3, s3_ids_503, faults, revoke, code
 ):
@@ -323,15 +351,23 @@ def test_credentials_revoked_mid_epoch_fail_at_once_naming_the_dataset(
     iam = s3.client("iam")
     key = iam.create_access_key(UserName="loader")["AccessKey"]
     options = through(
-        s3, faults, aws_access_key_id=key["AccessKeyId"],
+        s3,
+        faults,
+        aws_access_key_id=key["AccessKeyId"],
         aws_secret_access_key=key["SecretAccessKey"],
-    )  # fmt: skip
+    )
     try:
         loader = PrefetchLoader(
-            s3_ids_503, 50, columns=["id"], seed=4, readahead=2, max_in_flight=2, coalesce=1,
+            s3_ids_503,
+            50,
+            columns=["id"],
+            seed=4,
+            readahead=2,
+            max_in_flight=2,
+            coalesce=1,
             retry=RetryPolicy(attempts=5, backoff=0.01, max_backoff=0.02),
             storage_options=options,
-        )  # fmt: skip
+        )
         expected = expected_rank_ids(loader)
         received, error, revoked, _ = read_until_failure(loader, 3, lambda: revoke(s3, faults, key))
         elapsed = time.monotonic() - revoked

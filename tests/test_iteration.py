@@ -22,13 +22,26 @@ def iterate(source, plan, *, coalesce=3, transform=None, retry=None, rank=0):
     """An iteration of ``plan`` for ``rank``, as ``PrefetchLoader.__iter__`` wires it."""
     telemetry = Telemetry(plan.epoch)
     counter = DeliveryCounter(1, Decision(plan.epoch, plan.start), world_size=plan.world_size)
-    reader = BatchReader(source, epoch=plan.epoch, transform=transform, retry=retry,
-                         telemetry=telemetry)  # fmt: skip
-    prefetcher = Prefetcher(groups(plan.rank_batches(rank), coalesce), reader.read,
-                            process=reader.convert, readahead=6, max_in_flight=2, retry=retry,
-                            size=len)  # fmt: skip
-    iterator = LoaderIterator(prefetcher, reader=reader, counter=counter, telemetry=telemetry,
-                              log_every_s=None, tuner=None)  # fmt: skip
+    reader = BatchReader(
+        source, epoch=plan.epoch, transform=transform, retry=retry, telemetry=telemetry
+    )
+    prefetcher = Prefetcher(
+        groups(plan.rank_batches(rank), coalesce),
+        reader.read,
+        process=reader.convert,
+        readahead=6,
+        max_in_flight=2,
+        retry=retry,
+        size=len,
+    )
+    iterator = LoaderIterator(
+        prefetcher,
+        reader=reader,
+        counter=counter,
+        telemetry=telemetry,
+        log_every_s=None,
+        tuner=None,
+    )
     return iterator, counter, telemetry
 
 
@@ -93,9 +106,12 @@ def test_a_failed_transform_keeps_the_batches_of_its_group_before_it():
     iterator, counter, _ = iterate(FakeSource(90, columns=("id",)), plan, transform=transform)
     expected = [batch.indices.tolist() for batch in plan.rank_batches(0)]
     assert [next(iterator).tolist() for _ in range(4)] == expected[:4]
-    with pytest.raises(BatchLoadError, match=r"^batch 4 of epoch 0 \(10 rows\) from "
-                       r"'memory://fake.lance' version 1 failed in conversion or transform: "
-                       r"ValueError: bad batch$") as caught:  # fmt: skip
+    with pytest.raises(
+        BatchLoadError,
+        match=r"^batch 4 of epoch 0 \(10 rows\) from "
+        r"'memory://fake.lance' version 1 failed in conversion or transform: "
+        r"ValueError: bad batch$",
+    ) as caught:
         next(iterator)
     assert caught.value.attempts is None and caught.value.position == 4
     assert counter.position == 4 and iterator.closed

@@ -149,9 +149,12 @@ def run_script(tmp_path, uri: str, mode: str) -> subprocess.CompletedProcess[str
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "mode,expected_code",
-    [("break", 0), pytest.param("with", 0, marks=pytest.mark.system),
-     pytest.param("raise", 1, marks=pytest.mark.system)],
-)  # fmt: skip
+    [
+        ("break", 0),
+        pytest.param("with", 0, marks=pytest.mark.system),
+        pytest.param("raise", 1, marks=pytest.mark.system),
+    ],
+)
 def test_script_exits_cleanly(tmp_path, wide_dataset, mode, expected_code):
     """The exit code is the script's own, with no abort and no thread left."""
     result = run_script(tmp_path, wide_dataset, mode)

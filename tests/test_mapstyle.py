@@ -104,8 +104,11 @@ def test_standard_samplers(ids_1003):
     data = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
     assert [b["id"].tolist() for b in data] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     torch.manual_seed(0)
-    shuffled = [i for b in DataLoader(dataset, batch_size=100, shuffle=True, collate_fn=collate)
-                for i in b["id"].tolist()]  # fmt: skip
+    shuffled = [
+        i
+        for b in DataLoader(dataset, batch_size=100, shuffle=True, collate_fn=collate)
+        for i in b["id"].tolist()
+    ]
     assert sorted(shuffled) == list(range(1003)) and shuffled != list(range(1003))
 
 

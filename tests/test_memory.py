@@ -190,9 +190,14 @@ def test_rss_stops_growing_after_warm_up_over_10000_takes(soak_script, tmp_path)
     peak stays within SOAK_BUDGET_MIB of the RSS at its end, but for its largest single rise."""
     uri = soak_script.write_small(str(tmp_path / "soak.lance"), 2000)
     loader = PrefetchLoader(
-        uri, 16, columns=["id", "vector"], readahead=8, max_in_flight=4, drop_last=False,
+        uri,
+        16,
+        columns=["id", "vector"],
+        readahead=8,
+        max_in_flight=4,
+        drop_last=False,
         coalesce=1,
-    )  # fmt: skip
+    )
     assert len(loader) == 125
     samples = soak_script.soak(loader, 10_000, sample_every=250)
     assert [sample.takes for sample in samples] == list(range(0, 10_001, 250))
@@ -213,11 +218,27 @@ def test_rss_stops_growing_after_warm_up_over_10000_takes(soak_script, tmp_path)
 def test_soak_script_runs_on_a_tiny_size(tmp_path):
     plot = tmp_path / "soak.png"
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "soak.py"), "--takes", "300", "--rows", "500",
-         "--batch-size", "4", "--sample-every", "50", "--plot", str(plot), "--no-progress",
-         "--max-growth-mib", "1000"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(BENCHMARKS / "soak.py"),
+            "--takes",
+            "300",
+            "--rows",
+            "500",
+            "--batch-size",
+            "4",
+            "--sample-every",
+            "50",
+            "--plot",
+            str(plot),
+            "--no-progress",
+            "--max-growth-mib",
+            "1000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[1] == (
@@ -232,8 +253,19 @@ def test_soak_script_runs_on_a_tiny_size(tmp_path):
 
 def test_soak_script_fails_over_its_budget(soak_script, tmp_path, capsys):
     """--max-growth-mib: a budget below any growth (-1 MiB) makes it exit with status 1."""
-    argv = ["--takes", "40", "--rows", "100", "--batch-size", "4", "--sample-every", "10",
-            "--no-progress", "--max-growth-mib", "-1"]  # fmt: skip
+    argv = [
+        "--takes",
+        "40",
+        "--rows",
+        "100",
+        "--batch-size",
+        "4",
+        "--sample-every",
+        "10",
+        "--no-progress",
+        "--max-growth-mib",
+        "-1",
+    ]
     assert soak_script.main(argv) == 1
     out = capsys.readouterr().out
     assert "| 40 |" in out and "\nFAIL: growth " in out and out.endswith(" MiB > -1.0 MiB\n")

@@ -218,18 +218,27 @@ def read_start_middle_end(num_rows: int, kind: str) -> None:
     """Build plans over ``num_rows`` rows and read batches at their start, middle and end: one
     rank's and a worker's batches, a plan resumed mid-epoch on another world size, the padded end."""
     plan = EpochPlan(
-        num_rows=num_rows, batch_size=1000, seed=1, world_size=8, drop_last=False,
+        num_rows=num_rows,
+        batch_size=1000,
+        seed=1,
+        world_size=8,
+        drop_last=False,
         permutation_kind=kind,
-    )  # fmt: skip
+    )
     assert plan.permutation_kind == resolve_kind(kind, num_rows)
     for position in (0, 1, plan.num_batches // 2, plan.end - 1):
         assert plan.batch(position).indices.max() < num_rows
     for batch in itertools.islice(plan.rank_batches(3, worker_id=1, num_workers=2, skip=7), 20):
         assert len(batch.indices) == 1000
     resumed = EpochPlan(
-        num_rows=num_rows, batch_size=1000, seed=1, world_size=3, drop_last=False,
-        start=plan.num_batches // 2 + 4, permutation_kind=kind,
-    )  # fmt: skip
+        num_rows=num_rows,
+        batch_size=1000,
+        seed=1,
+        world_size=3,
+        drop_last=False,
+        start=plan.num_batches // 2 + 4,
+        permutation_kind=kind,
+    )
     for batch in itertools.islice(resumed.rank_batches(2), 20):
         assert len(batch.indices) == 1000
     last = list(resumed.rank_batches(2, skip=resumed.batches_per_rank - 1))
@@ -284,9 +293,15 @@ def test_a_lazy_loader_resumes_mid_epoch_exactly(make_loader, ids_1003):
 
     def loader(rank, world_size, **kwargs):
         return make_loader(
-            ids_1003, 10, columns=["id"], rank=rank, world_size=world_size, permutation="lazy",
-            seed=2, **kwargs,
-        )  # fmt: skip
+            ids_1003,
+            10,
+            columns=["id"],
+            rank=rank,
+            world_size=world_size,
+            permutation="lazy",
+            seed=2,
+            **kwargs,
+        )
 
     uninterrupted = [collect(loader(r, 2), epoch=1) for r in range(2)]
     head, states = [], []

@@ -50,8 +50,12 @@ def write_blobs(path, *, version: str | None = None) -> str:
     ``label`` (``id % 7``). ``version``: Lance's file format (``"2.0"``: the legacy blob form;
     default: blob v2)."""
     schema = pa.schema(
-        [("id", pa.int64()), pa.field("blob", pa.large_binary(), metadata=BLOB), ("label", pa.int64())]
-    )  # fmt: skip
+        [
+            ("id", pa.int64()),
+            pa.field("blob", pa.large_binary(), metadata=BLOB),
+            ("label", pa.int64()),
+        ]
+    )
     ids = np.arange(60)
     table = pa.table(
         {"id": ids, "blob": [blob_of(i) for i in ids], "label": ids % 7}, schema=schema
@@ -75,12 +79,18 @@ def nested_40(tmp_path_factory) -> str:
     :func:`image_of`); ``meta``, ``struct<n: int64 (= id * 10), inner: struct<score: float32 (=
     id / 2), v: fixed_size_list<int32>[2] (= [id, -id])>>``."""
     ids = np.arange(40)
-    image = pa.array([image_of(i) for i in ids], pa.struct([("bytes", pa.binary()), ("path", pa.string())]))  # fmt: skip
-    v = pa.FixedSizeListArray.from_arrays(pa.array(np.stack([ids, -ids], 1).reshape(-1), pa.int32()), 2)  # fmt: skip
+    image = pa.array(
+        [image_of(i) for i in ids], pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    )
+    v = pa.FixedSizeListArray.from_arrays(
+        pa.array(np.stack([ids, -ids], 1).reshape(-1), pa.int32()), 2
+    )
     inner = pa.StructArray.from_arrays([pa.array(ids / 2, pa.float32()), v], names=["score", "v"])
     meta = pa.StructArray.from_arrays([pa.array(ids * 10), inner], names=["n", "inner"])
     uri = str(tmp_path_factory.mktemp("nested") / "n.lance")
-    lance.write_dataset(pa.table({"id": ids, "image": image, "meta": meta}), uri, max_rows_per_file=25)  # fmt: skip
+    lance.write_dataset(
+        pa.table({"id": ids, "image": image, "meta": meta}), uri, max_rows_per_file=25
+    )
     return uri
 
 
@@ -146,7 +156,9 @@ def test_fewer_blobs_than_offsets_is_a_short_read(blobs_60, monkeypatch):
     read = _source._read_blobs
     monkeypatch.setattr(_source, "_read_blobs", lambda *args: read(*args)[:-1])
     source = LanceSource(blobs_60, SourceOptions(columns=["id", "blob"]))
-    with pytest.raises(ShortReadError, match=r"^Lance returned 2 rows for 3 offsets from '.*b\.lance' version 1$"):  # fmt: skip
+    with pytest.raises(
+        ShortReadError, match=r"^Lance returned 2 rows for 3 offsets from '.*b\.lance' version 1$"
+    ):
         source.take(np.array([5, 45, 5]))
 
 
@@ -156,10 +168,17 @@ def test_blob_columns_through_the_loader_in_every_read_mode(make_loader, blobs_6
     the bytes (the disk copy stores them as a blob again). The loader pickles, and its copy
     reads the same."""
     loaders = [
-        make_loader(blobs_60, 3, columns=["id", "blob", "label"], seed=5, drop_last=False,
-                    rank=rank, world_size=7)
+        make_loader(
+            blobs_60,
+            3,
+            columns=["id", "blob", "label"],
+            seed=5,
+            drop_last=False,
+            rank=rank,
+            world_size=7,
+        )
         for rank in (0, 6)
-    ]  # fmt: skip
+    ]
     copy = pickle.loads(pickle.dumps(loaders[0]))  # (as into a DataLoader worker)
     (first, first_ids), (last, last_ids) = epoch(loaders[0]), epoch(loaders[1])
     assert len(first_ids) == len(last_ids) == 9 and last_ids[-3:] == first_ids[:3]
@@ -191,7 +210,10 @@ def test_nested_paths_and_structs_in_every_read_mode(make_loader, nested_40):
         assert batch["image.bytes"] == [image_of(i)["bytes"] for i in ids.tolist()]
         assert batch["image.path"] == [image_of(i)["path"] for i in ids.tolist()]
         assert torch.equal(batch["meta.inner.score"], ids.float() / 2)
-        assert list(batch["meta"]) == ["n", "inner"] and list(batch["meta"]["inner"]) == ["score", "v"]  # fmt: skip
+        assert list(batch["meta"]) == ["n", "inner"] and list(batch["meta"]["inner"]) == [
+            "score",
+            "v",
+        ]
         assert torch.equal(batch["meta"]["n"], ids * 10)
         assert torch.equal(batch["meta"]["inner"]["score"], ids.float() / 2)
         assert torch.equal(batch["meta"]["inner"]["v"], torch.stack([ids, -ids], 1).int())
@@ -212,13 +234,25 @@ def test_a_source_returns_one_flat_column_per_name(nested_40):
 @pytest.mark.parametrize(
     "columns,message",
     [
-        (["id", "image.nope"], r"^columns: 'image\.nope': no such field in the dataset '.*n\.lance' \(version 1\): the struct 'image' has the fields \['bytes', 'path'\]$"),
-        (["id.x"], r"^columns: 'id\.x': 'id' in the dataset .* has type int64, not a struct; name 'id' itself$"),
-        (["meta.inner.score.z"], r"^columns: 'meta\.inner\.score\.z': 'meta\.inner\.score' in .* has type float, not a struct"),
-        (["nope.x"], r"^columns \['nope\.x'\] are not in the dataset .*; its columns are \['id', 'image', 'meta'\]$"),
+        (
+            ["id", "image.nope"],
+            r"^columns: 'image\.nope': no such field in the dataset '.*n\.lance' \(version 1\): the struct 'image' has the fields \['bytes', 'path'\]$",
+        ),
+        (
+            ["id.x"],
+            r"^columns: 'id\.x': 'id' in the dataset .* has type int64, not a struct; name 'id' itself$",
+        ),
+        (
+            ["meta.inner.score.z"],
+            r"^columns: 'meta\.inner\.score\.z': 'meta\.inner\.score' in .* has type float, not a struct",
+        ),
+        (
+            ["nope.x"],
+            r"^columns \['nope\.x'\] are not in the dataset .*; its columns are \['id', 'image', 'meta'\]$",
+        ),
     ],
     ids=["no-such-field", "not-a-struct", "deeper", "no-such-column"],
-)  # fmt: skip
+)
 def test_bad_paths_are_refused_at_construction_naming_what_exists(nested_40, columns, message):
     """Before any read (a bad path panics inside Lance's take)."""
     with pytest.raises(ValueError, match=message):
@@ -237,7 +271,10 @@ def test_a_blob_inside_a_struct_is_read_by_its_path(tmp_path):
     lance.write_dataset(pa.Table.from_arrays([s], names=["s"]), uri)
     (batch,) = PrefetchLoader(uri, 3, columns=["s.x", "s.blob"], shuffle=False)
     assert batch["s.x"].tolist() == [0, 1, 2] and batch["s.blob"] == [b"a", b"bb", b"ccc"]
-    with pytest.raises(ValueError, match=r"^columns: the struct 's' in the dataset .* holds a blob field, which is read by its path; name its fields instead: \['s\.x', 's\.blob'\]$"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^columns: the struct 's' in the dataset .* holds a blob field, which is read by its path; name its fields instead: \['s\.x', 's\.blob'\]$",
+    ):
         PrefetchLoader(uri, 3, columns=["s"])
 
 
@@ -264,16 +301,23 @@ def test_a_hugging_face_image_column_reads_as_it_is(tmp_path):
     schema = pa.schema([("image", image_type), ("label", pa.int64())], metadata=HF_METADATA)
     images = [{"bytes": png(i), "path": f"{i}.png"} for i in range(12)]
     uri = str(tmp_path / "hf.lance")
-    lance.write_dataset(pa.table({"image": images, "label": range(12)}, schema=schema), uri,
-                        max_rows_per_file=5)  # fmt: skip
+    lance.write_dataset(
+        pa.table({"image": images, "label": range(12)}, schema=schema), uri, max_rows_per_file=5
+    )
     batches = list(PrefetchLoader(uri, 4, seed=2))
     assert sorted(i for b in batches for i in b["label"].tolist()) == list(range(12))
     for batch in batches:
         labels = batch["label"].tolist()
-        assert batch["image"] == {"bytes": [png(i) for i in labels], "path": [f"{i}.png" for i in labels]}  # fmt: skip
+        assert batch["image"] == {
+            "bytes": [png(i) for i in labels],
+            "path": [f"{i}.png" for i in labels],
+        }
     rows = LanceMapDataset(uri)
     collated = default_collate([rows[i] for i in (5, 0, 5)])
     assert collated["label"].tolist() == [5, 0, 5]
-    assert collated["image"] == {"bytes": [png(5), png(0), png(5)], "path": ["5.png", "0.png", "5.png"]}  # fmt: skip
+    assert collated["image"] == {
+        "bytes": [png(5), png(0), png(5)],
+        "path": ["5.png", "0.png", "5.png"],
+    }
     decoded = Image.open(io.BytesIO(rows[7]["image"]["bytes"]))
     assert decoded.size == (2, 1) and decoded.getpixel((0, 0)) == 7

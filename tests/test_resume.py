@@ -145,8 +145,9 @@ def test_two_ranks_stop_mid_epoch_and_resume_in_a_new_process(make_loader, ids_1
 def test_the_resume_contract_holds_in_every_read_mode(make_loader, ids_1003, midpoint):
     """check_resume: stopped at the start, after one batch, mid-epoch, after the last batch and
     past the end, each read mode resumes exactly (1,003 rows, batches of 10, seed 4)."""
-    check_resume(lambda: make_loader(ids_1003, 10, columns=["id"], seed=4), midpoint=midpoint,
-                 epoch=2)  # fmt: skip
+    check_resume(
+        lambda: make_loader(ids_1003, 10, columns=["id"], seed=4), midpoint=midpoint, epoch=2
+    )
 
 
 def test_saves_at_the_start_and_end_and_repeated_resumes_match_no_interruption(
@@ -314,8 +315,11 @@ def test_another_version_needs_the_explicit_opt_in(ids_1003, fresh_ids):
     lance.write_dataset(dataset.to_table().slice(0, 0), uri, mode="append")  # a new, equal version
     newer = PrefetchLoader(uri, 10, columns=["id"])
     assert newer.version == loader.version + 1
-    with pytest.raises(ValueError, match=r"version is \d+ in the state but \d+ in this loader.*"
-                       r"allow_version_change=True"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"version is \d+ in the state but \d+ in this loader.*"
+        r"allow_version_change=True",
+    ):
         newer.load_state_dict(state)
     newer.load_state_dict(state, allow_version_change=True)
     assert collect(newer) == collect(loader)
@@ -325,16 +329,36 @@ def test_another_version_needs_the_explicit_opt_in(ids_1003, fresh_ids):
     ("change", "error", "message"),
     [
         (lambda s: s.pop("position"), ValueError, "state is missing position; pass a dict"),
-        (lambda s: s.update(format_version=2), ValueError, "state['format_version'] is 2: the state was saved by an earlier lance-prefetch"),
-        (lambda s: s.update(format_version=6), ValueError, "state['format_version'] is 6, but this version of lance-prefetch reads format 5"),
-        (lambda s: s.pop("weights"), ValueError, "state['format_version'] is 5, but state['weights'] is missing"),
+        (
+            lambda s: s.update(format_version=2),
+            ValueError,
+            "state['format_version'] is 2: the state was saved by an earlier lance-prefetch",
+        ),
+        (
+            lambda s: s.update(format_version=6),
+            ValueError,
+            "state['format_version'] is 6, but this version of lance-prefetch reads format 5",
+        ),
+        (
+            lambda s: s.pop("weights"),
+            ValueError,
+            "state['format_version'] is 5, but state['weights'] is missing",
+        ),
         (lambda s: s.update(epoch=-1), ValueError, "state['epoch'] should be >= 0, but got -1"),
-        (lambda s: s.update(position=1.5), TypeError, "state['position'] should be int, but got 1.5"),
-        (lambda s: s.update(position=101), ValueError, "state['position']=101 is past the end of any epoch of 1003 rows in batches of 10 with drop_last=True (at most 100 global batches)"),
+        (
+            lambda s: s.update(position=1.5),
+            TypeError,
+            "state['position'] should be int, but got 1.5",
+        ),
+        (
+            lambda s: s.update(position=101),
+            ValueError,
+            "state['position']=101 is past the end of any epoch of 1003 rows in batches of 10 with drop_last=True (at most 100 global batches)",
+        ),
         (lambda s: s.update(epoch=2**62 + 1), ValueError, "state['epoch'] should be <= 2**62"),
         (lambda s: s.update(world_size=0), ValueError, "state['world_size'] should be >= 1"),
     ],
-)  # fmt: skip
+)
 def test_malformed_states_are_refused(ids_1003, change, error, message):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     state = loader.state_dict()
@@ -349,8 +373,11 @@ def test_malformed_states_are_refused(ids_1003, change, error, message):
 def test_a_worker_share_is_refused_outside_its_worker(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     state = loader.state_dict() | {"worker": {"id": 1, "num_workers": 2, "start": 0}}
-    with pytest.raises(ValueError, match=r"^state holds only the share of DataLoader worker 1 of "
-                       r"2, but it is loaded outside DataLoader workers; merge"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^state holds only the share of DataLoader worker 1 of "
+        r"2, but it is loaded outside DataLoader workers; merge",
+    ):
         loader.load_state_dict(state)
     with pytest.raises(ValueError, match=r"^dataloader_state holds no PrefetchLoader"):
         state_from_dataloader({"_snapshot": {"_worker_snapshots": {}}})
@@ -426,9 +453,12 @@ def test_a_late_persistent_worker_joins_its_own_iteration(ids_1003):
     starts its first iteration after the other began the next one: each epoch is exact."""
     loader = SlowFirstStart(ids_1003, 10, columns=["id"])
     dataloader = DataLoader(
-        loader, batch_size=None, num_workers=2, multiprocessing_context=WORKERS,
+        loader,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=WORKERS,
         persistent_workers=True,
-    )  # fmt: skip
+    )
     next(iter(dataloader))
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -441,9 +471,12 @@ def test_new_dataloaders_with_the_same_seeded_generator_never_share_an_iteration
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     for epoch, num_workers in ((0, 2), (1, 3)):
         dataloader = DataLoader(
-            loader, batch_size=None, num_workers=num_workers, multiprocessing_context=WORKERS,
+            loader,
+            batch_size=None,
+            num_workers=num_workers,
+            multiprocessing_context=WORKERS,
             generator=torch.Generator().manual_seed(0),
-        )  # fmt: skip
+        )
         loader.set_epoch(epoch)
         assert batch_ids(dataloader) == uninterrupted(ids_1003, epoch), epoch
 

@@ -36,9 +36,13 @@ def secrets_of(s3, options: dict[str, str]) -> list[str]:
 def test_full_epoch_reads_every_row_exactly_once(make_loader, s3, s3_ids_503):
     """One epoch over S3 yields the plan's exact batches: every row once, the right values."""
     loader = make_loader(
-        s3_ids_503, 10, columns=["id", "vector"], seed=3, drop_last=False,
+        s3_ids_503,
+        10,
+        columns=["id", "vector"],
+        seed=3,
+        drop_last=False,
         storage_options=s3.storage_options(),
-    )  # fmt: skip
+    )
     assert (loader.num_rows, loader.version, len(loader)) == (503, 1, 51)
     batches = list(loader)
     ids = batch_ids(batches)
@@ -55,9 +59,16 @@ def test_ranks_split_an_s3_epoch_without_repeats(make_loader, s3, s3_ids_503):
     streams = []
     for rank in (0, 1):
         loader = make_loader(
-            s3_ids_503, 10, columns=["id"], seed=5, rank=rank, world_size=2,
-            storage_options=s3.storage_options(), readahead=4, max_in_flight=2,
-        )  # fmt: skip
+            s3_ids_503,
+            10,
+            columns=["id"],
+            seed=5,
+            rank=rank,
+            world_size=2,
+            storage_options=s3.storage_options(),
+            readahead=4,
+            max_in_flight=2,
+        )
         streams.append(collect(loader))
         assert streams[-1] == expected_rank_ids(loader)
     assert [len(s) for s in streams] == [25, 25]
@@ -81,9 +92,14 @@ def test_spawn_workers_read_with_credentials_only_in_storage_options(s3, s3_ids_
     for name in [name for name in os.environ if name.startswith("AWS_")]:
         monkeypatch.delenv(name)
     loader = PrefetchLoader(
-        s3_ids_503, 10, columns=["id"], seed=7, drop_last=False,
-        storage_options=s3.storage_options(), transform=no_aws_environment,
-    )  # fmt: skip
+        s3_ids_503,
+        10,
+        columns=["id"],
+        seed=7,
+        drop_last=False,
+        storage_options=s3.storage_options(),
+        transform=no_aws_environment,
+    )
     # spawn: a forkserver started earlier would hand its workers the environment of then
     assert collect(loader, num_workers=2, context="spawn") == expected_rank_ids(loader)
 
@@ -126,16 +142,59 @@ ENDPOINT = r"storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:\d+'"
 @pytest.mark.parametrize(
     "case,error,message,seconds",
     [
-        (_wrong_bucket, FileNotFoundError, rf"^source: the bucket 'no-such-bucket' of 's3://no-such-bucket/ids503\.lance' does not exist at the endpoint {ENDPOINT}; check the bucket name in source", 10),
-        (_missing_dataset, FileNotFoundError, r"^source: no Lance dataset at 's3://training/nothing-here\.lance'; check the path", 10),
-        (_closed_port, ConnectionError, rf"^{ENDPOINT} is not reachable: nothing accepts connections at 127\.0\.0\.1:\d+ \(connection refused\); check the host, port and scheme", 1),
-        (_wrong_secret, PermissionError, rf"^source: the endpoint {ENDPOINT} refused the credentials for 's3://training/ids503\.lance' \(SignatureDoesNotMatch: .*\); check storage_options\['aws_access_key_id'\] and \['aws_secret_access_key'\]", 10),
-        (_unknown_key, PermissionError, r"refused the credentials for 's3://training/ids503\.lance' \(InvalidAccessKeyId: ", 10),
-        (_http_not_allowed, ValueError, rf"^{ENDPOINT} is plain http, which Lance refuses unless allowed: add storage_options\['allow_http'\]='true' \(or use https\)$", 0.5),
-        (_endpoint_without_scheme, ValueError, r"^storage_options\['aws_endpoint'\] should be an http:// or https:// URL with a host, like 'https://minio\.example\.com:9000', but got '127\.0\.0\.1:9000'$", 0.5),
+        (
+            _wrong_bucket,
+            FileNotFoundError,
+            rf"^source: the bucket 'no-such-bucket' of 's3://no-such-bucket/ids503\.lance' does not exist at the endpoint {ENDPOINT}; check the bucket name in source",
+            10,
+        ),
+        (
+            _missing_dataset,
+            FileNotFoundError,
+            r"^source: no Lance dataset at 's3://training/nothing-here\.lance'; check the path",
+            10,
+        ),
+        (
+            _closed_port,
+            ConnectionError,
+            rf"^{ENDPOINT} is not reachable: nothing accepts connections at 127\.0\.0\.1:\d+ \(connection refused\); check the host, port and scheme",
+            1,
+        ),
+        (
+            _wrong_secret,
+            PermissionError,
+            rf"^source: the endpoint {ENDPOINT} refused the credentials for 's3://training/ids503\.lance' \(SignatureDoesNotMatch: .*\); check storage_options\['aws_access_key_id'\] and \['aws_secret_access_key'\]",
+            10,
+        ),
+        (
+            _unknown_key,
+            PermissionError,
+            r"refused the credentials for 's3://training/ids503\.lance' \(InvalidAccessKeyId: ",
+            10,
+        ),
+        (
+            _http_not_allowed,
+            ValueError,
+            rf"^{ENDPOINT} is plain http, which Lance refuses unless allowed: add storage_options\['allow_http'\]='true' \(or use https\)$",
+            0.5,
+        ),
+        (
+            _endpoint_without_scheme,
+            ValueError,
+            r"^storage_options\['aws_endpoint'\] should be an http:// or https:// URL with a host, like 'https://minio\.example\.com:9000', but got '127\.0\.0\.1:9000'$",
+            0.5,
+        ),
     ],
-    ids=["wrong-bucket", "missing-dataset", "closed-port", "wrong-secret", "unknown-key", "http-not-allowed", "endpoint-without-scheme"],
-)  # fmt: skip
+    ids=[
+        "wrong-bucket",
+        "missing-dataset",
+        "closed-port",
+        "wrong-secret",
+        "unknown-key",
+        "http-not-allowed",
+        "endpoint-without-scheme",
+    ],
+)
 def test_wrong_location_or_credentials_fail_fast_and_clearly(
     s3, s3_ids_503, case, error, message, seconds
 ):

@@ -156,8 +156,14 @@ def test_workers_split_a_rank_round_robin(num_workers, permutation_kind):
 def test_more_workers_than_batches(permutation_kind):
     plan = EpochPlan(num_rows=25, batch_size=10, drop_last=False)
     assert [len(list(plan.rank_batches(0, worker_id=w, num_workers=7))) for w in range(7)] == [
-        1, 1, 1, 0, 0, 0, 0,
-    ]  # fmt: skip
+        1,
+        1,
+        1,
+        0,
+        0,
+        0,
+        0,
+    ]
 
 
 def test_single_row_many_ranks_pads_by_wrapping(permutation_kind):
@@ -168,16 +174,48 @@ def test_single_row_many_ranks_pads_by_wrapping(permutation_kind):
 @pytest.mark.parametrize(
     "kwargs,error,message",
     [
-        (dict(num_rows=10, batch_size=0), ValueError, "batch_size should be an integer >= 1, but got batch_size=0"),
-        (dict(num_rows=10, batch_size=2.0), TypeError, "batch_size should be an integer, but got batch_size=2.0 (float)"),
-        (dict(num_rows=10, batch_size=True), TypeError, "batch_size should be an integer, but got batch_size=True (a bool)"),
-        (dict(num_rows=0, batch_size=1), ValueError, "num_rows should be an integer >= 1, but got num_rows=0"),
-        (dict(num_rows=10, batch_size=1, seed=-1), ValueError, "seed should be an integer >= 0, but got seed=-1"),
-        (dict(num_rows=10, batch_size=1, world_size=0), ValueError, "world_size should be an integer >= 1, but got world_size=0"),
-        (dict(num_rows=10, batch_size=1, drop_last=1), TypeError, "drop_last should be True or False, but got drop_last=1"),
-        (dict(num_rows=10, batch_size=4, world_size=3), ValueError, "drop_last=True needs at least batch_size * world_size = 4 * 3 = 12 rows, but the dataset has 10; use a smaller batch_size or drop_last=False"),
+        (
+            dict(num_rows=10, batch_size=0),
+            ValueError,
+            "batch_size should be an integer >= 1, but got batch_size=0",
+        ),
+        (
+            dict(num_rows=10, batch_size=2.0),
+            TypeError,
+            "batch_size should be an integer, but got batch_size=2.0 (float)",
+        ),
+        (
+            dict(num_rows=10, batch_size=True),
+            TypeError,
+            "batch_size should be an integer, but got batch_size=True (a bool)",
+        ),
+        (
+            dict(num_rows=0, batch_size=1),
+            ValueError,
+            "num_rows should be an integer >= 1, but got num_rows=0",
+        ),
+        (
+            dict(num_rows=10, batch_size=1, seed=-1),
+            ValueError,
+            "seed should be an integer >= 0, but got seed=-1",
+        ),
+        (
+            dict(num_rows=10, batch_size=1, world_size=0),
+            ValueError,
+            "world_size should be an integer >= 1, but got world_size=0",
+        ),
+        (
+            dict(num_rows=10, batch_size=1, drop_last=1),
+            TypeError,
+            "drop_last should be True or False, but got drop_last=1",
+        ),
+        (
+            dict(num_rows=10, batch_size=4, world_size=3),
+            ValueError,
+            "drop_last=True needs at least batch_size * world_size = 4 * 3 = 12 rows, but the dataset has 10; use a smaller batch_size or drop_last=False",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_arguments(kwargs, error, message):
     with pytest.raises(error) as info:
         EpochPlan(**kwargs)
@@ -212,9 +250,14 @@ def test_resume_with_the_same_world_size_continues_the_epoch(
     for rounds_done in (0, 1, 17, full.batches_per_rank - 1, full.batches_per_rank):
         start = rounds_done * world_size
         resumed = EpochPlan(
-            num_rows=1003, batch_size=10, seed=4, epoch=2, world_size=world_size,
-            drop_last=drop_last, start=start,
-        )  # fmt: skip
+            num_rows=1003,
+            batch_size=10,
+            seed=4,
+            epoch=2,
+            world_size=world_size,
+            drop_last=drop_last,
+            start=start,
+        )
         assert resumed.end == full.end
         for rank in range(world_size):
             expected = [b.indices.tolist() for b in full.rank_batches(rank)][rounds_done:]
@@ -287,7 +330,7 @@ def test_shuffle_false_without_drop_last_reads_every_row_once_in_order(world_siz
             drop_last=False,
             shuffle=False,
             seed=9,
-        )  # fmt: skip
+        )
         for epoch in (0, 3)
     ]
     for plan in plans:
@@ -318,8 +361,9 @@ def test_shuffle_false_with_drop_last_keeps_full_equal_rounds():
 
 def test_shuffle_false_resumes_from_a_position_on_other_ranks():
     """Stopped after 3 global batches of the 6: the rest (rows 12-22) on 2 ranks, once each."""
-    rest = EpochPlan(num_rows=23, batch_size=4, world_size=2, drop_last=False, shuffle=False,
-                     start=3)  # fmt: skip
+    rest = EpochPlan(
+        num_rows=23, batch_size=4, world_size=2, drop_last=False, shuffle=False, start=3
+    )
     ids = [i for r in range(2) for b in rest.rank_batches(r) for i in b.indices.tolist()]
     assert (
         sorted(ids) == list(range(12, 23)) and rest.batches_of(0) == 2 and rest.batches_of(1) == 1

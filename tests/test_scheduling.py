@@ -138,9 +138,12 @@ def test_close_waits_at_most_close_wait_s_for_a_stuck_fetch_then_leaves_it_to_th
     processed = []
     fetch = FakeFetch(delays={1: 2.0})
     prefetcher = Prefetcher(
-        range(10), fetch, process=lambda item, raw: processed.append(item) or raw,
-        readahead=4, max_in_flight=2,
-    )  # fmt: skip
+        range(10),
+        fetch,
+        process=lambda item, raw: processed.append(item) or raw,
+        readahead=4,
+        max_in_flight=2,
+    )
     iterator = BlockingPrefetcher(prefetcher, close_wait_s=0.3)
     assert next(iterator) == 0
     assert wait_until(lambda: fetch.running == 1 and fetch.started >= 2)  # item 1 is stuck

@@ -36,8 +36,11 @@ def test_out_of_range_offsets_are_refused_before_reading(ids_25):
 def test_version_is_pinned_at_construction(fresh_ids):
     uri = fresh_ids(10)
     source = LanceSource(uri)
-    lance.write_dataset(pa.table({"id": [99], "vector": source.take(np.array([0])).column("vector"),
-                                  "label": [9]}), uri, mode="append")  # fmt: skip
+    lance.write_dataset(
+        pa.table({"id": [99], "vector": source.take(np.array([0])).column("vector"), "label": [9]}),
+        uri,
+        mode="append",
+    )
     fresh = pickle.loads(pickle.dumps(source))  # reopens by URI + pinned version
     assert source.version == fresh.version == 1 and fresh.num_rows == 10
     assert fresh.take(np.arange(10)).column("id").to_pylist() == list(range(10))
@@ -92,12 +95,16 @@ def test_missing_version(ids_25):
 @pytest.mark.parametrize(
     "columns,error,message",
     [
-        (["id", "nope"], ValueError, r"^columns \['nope'\] are not in the dataset .* its columns are \['id', 'vector', 'label'\]$"),
+        (
+            ["id", "nope"],
+            ValueError,
+            r"^columns \['nope'\] are not in the dataset .* its columns are \['id', 'vector', 'label'\]$",
+        ),
         ("id", TypeError, r"^columns should be a list of column names, but got columns='id'$"),
         ([], ValueError, r"^columns should name at least one column"),
         (["id", "id"], ValueError, r"^columns should not repeat a name"),
     ],
-)  # fmt: skip
+)
 def test_bad_columns(ids_25, columns, error, message):
     with pytest.raises(error, match=message):
         LanceSource(ids_25, SourceOptions(columns=columns))
@@ -112,24 +119,41 @@ def test_bad_source_and_storage_options(ids_25):
 
 
 def test_repr_and_redact_hide_secrets(ids_25):
-    options = {"aws_access_key_id": "AKIA1", "aws_secret_access_key": "s3cr3t",
-               "aws_session_token": "tok", "aws_endpoint": "http://127.0.0.1:9000"}  # fmt: skip
+    options = {
+        "aws_access_key_id": "AKIA1",
+        "aws_secret_access_key": "s3cr3t",
+        "aws_session_token": "tok",
+        "aws_endpoint": "http://127.0.0.1:9000",
+    }
     text = repr(LanceSource(ids_25, SourceOptions(storage_options=options)))
     for secret in ("AKIA1", "s3cr3t", "tok'"):
         assert secret not in text
     assert "http://127.0.0.1:9000" in text
-    assert redact(options) == {"aws_access_key_id": "***", "aws_secret_access_key": "***",
-                               "aws_session_token": "***", "aws_endpoint": "http://127.0.0.1:9000"}  # fmt: skip
+    assert redact(options) == {
+        "aws_access_key_id": "***",
+        "aws_secret_access_key": "***",
+        "aws_session_token": "***",
+        "aws_endpoint": "http://127.0.0.1:9000",
+    }
 
 
 def test_redact_masks_every_secret_looking_spelling():
-    options = {"apikey": "a", "privateKey": "b", "awsAccessKeyId": "c", "authorization": "d",
-               "azure_storage_sas_token": "e", "region": "us-east-1"}  # fmt: skip
+    options = {
+        "apikey": "a",
+        "privateKey": "b",
+        "awsAccessKeyId": "c",
+        "authorization": "d",
+        "azure_storage_sas_token": "e",
+        "region": "us-east-1",
+    }
     assert redact(options) == {k: "***" for k in options if k != "region"} | {"region": "us-east-1"}
 
 
-QUOTING = {"aws_access_key_id": "AKIAQUOTED", "aws_secret_access_key": "s3cr3t-value",
-           "aws_region": "us-east-1"}  # fmt: skip
+QUOTING = {
+    "aws_access_key_id": "AKIAQUOTED",
+    "aws_secret_access_key": "s3cr3t-value",
+    "aws_region": "us-east-1",
+}
 
 
 class _QuotingDataset:
@@ -151,12 +175,18 @@ def test_a_read_error_quoting_a_secret_is_re_raised_without_it(ids_25, monkeypat
 @pytest.mark.parametrize(
     "lance_message,error,message",
     [
-        ("Server returned non-2xx status code: 403 Forbidden: <AWSAccessKeyId>AKIAQUOTED</AWSAccessKeyId>",
-         PermissionError, r"^source: the object store refused the credentials for 's3://b/d\.lance' \(LanceError"),
-        ("Invalid value for storage option 'x': 's3cr3t-value'", ValueError,
-         r"^LanceError\(IO\): Invalid value for storage option 'x': '\*\*\*'$"),
+        (
+            "Server returned non-2xx status code: 403 Forbidden: <AWSAccessKeyId>AKIAQUOTED</AWSAccessKeyId>",
+            PermissionError,
+            r"^source: the object store refused the credentials for 's3://b/d\.lance' \(LanceError",
+        ),
+        (
+            "Invalid value for storage option 'x': 's3cr3t-value'",
+            ValueError,
+            r"^LanceError\(IO\): Invalid value for storage option 'x': '\*\*\*'$",
+        ),
     ],
-)  # fmt: skip
+)
 def test_an_open_error_quoting_a_secret_is_raised_without_it(
     monkeypatch, lance_message, error, message
 ):

@@ -19,9 +19,14 @@ from lance_prefetch._storage import (
     scrub,
 )
 
-SECRETS = {"aws_access_key_id": "AKIAEXAMPLE", "aws_secret_access_key": "s3cr3t/with+chars",
-           "aws_session_token": "FQoGtok", "aws_endpoint": "http://127.0.0.1:9000",
-           "aws_region": "us-east-1", "allow_http": "true"}  # fmt: skip
+SECRETS = {
+    "aws_access_key_id": "AKIAEXAMPLE",
+    "aws_secret_access_key": "s3cr3t/with+chars",
+    "aws_session_token": "FQoGtok",
+    "aws_endpoint": "http://127.0.0.1:9000",
+    "aws_region": "us-east-1",
+    "allow_http": "true",
+}
 URI = "s3://bucket/data.lance"
 
 # Lance's messages (pylance 14.0.2), with the XML S3-compatible servers send.
@@ -70,8 +75,12 @@ NO_CREDENTIALS = (
 
 
 def test_redact_and_scrub_hide_every_secret_value():
-    assert redact(SECRETS) == {**SECRETS, "aws_access_key_id": "***",
-                               "aws_secret_access_key": "***", "aws_session_token": "***"}  # fmt: skip
+    assert redact(SECRETS) == {
+        **SECRETS,
+        "aws_access_key_id": "***",
+        "aws_secret_access_key": "***",
+        "aws_session_token": "***",
+    }
     text = "key AKIAEXAMPLE secret s3cr3t/with+chars token FQoGtok at http://127.0.0.1:9000"
     assert scrub(text, SECRETS) == "key *** secret *** token *** at http://127.0.0.1:9000"
     assert scrub(text, None) == text
@@ -80,9 +89,17 @@ def test_redact_and_scrub_hide_every_secret_value():
 
 @pytest.mark.parametrize(
     "uri,expected",
-    [("s3://b/p", True), ("S3://b/p", True), ("s3a://b/p", True), ("s3+ddb://b/p?ddbTableName=t", True),
-     ("gs://b/p", False), ("/tmp/data.lance", False), ("file:///tmp/x", False), ("data.lance", False)],
-)  # fmt: skip
+    [
+        ("s3://b/p", True),
+        ("S3://b/p", True),
+        ("s3a://b/p", True),
+        ("s3+ddb://b/p?ddbTableName=t", True),
+        ("gs://b/p", False),
+        ("/tmp/data.lance", False),
+        ("file:///tmp/x", False),
+        ("data.lance", False),
+    ],
+)
 def test_is_s3(uri, expected):
     assert is_s3(uri) is expected
 
@@ -95,7 +112,9 @@ def test_s3_options_that_pass_return_the_endpoint(monkeypatch):
     https = {"endpoint": "https://minio.example.com"}
     assert check_s3_options(https) == ("endpoint", "https://minio.example.com")
     assert check_s3_options({"endpoint_url": "http://h:1", "aws_allow_http": "1"}) == (
-        "endpoint_url", "http://h:1")  # fmt: skip
+        "endpoint_url",
+        "http://h:1",
+    )
     monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
     assert check_s3_options({"aws_endpoint_url": "http://h:1"}) == (
         "aws_endpoint_url",
@@ -106,13 +125,22 @@ def test_s3_options_that_pass_return_the_endpoint(monkeypatch):
 @pytest.mark.parametrize(
     "options,message",
     [
-        ({"aws_endpoint": "http://127.0.0.1:9000"}, r"^storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000' is plain http, which Lance refuses unless allowed: add storage_options\['allow_http'\]='true' \(or use https\)$"),
-        ({"aws_endpoint": "http://h:1", "allow_http": "false"}, r"is plain http, which Lance refuses unless allowed"),
-        ({"endpoint": "minio:9000"}, r"^storage_options\['endpoint'\] should be an http:// or https:// URL with a host, like 'https://minio\.example\.com:9000', but got 'minio:9000'$"),
+        (
+            {"aws_endpoint": "http://127.0.0.1:9000"},
+            r"^storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000' is plain http, which Lance refuses unless allowed: add storage_options\['allow_http'\]='true' \(or use https\)$",
+        ),
+        (
+            {"aws_endpoint": "http://h:1", "allow_http": "false"},
+            r"is plain http, which Lance refuses unless allowed",
+        ),
+        (
+            {"endpoint": "minio:9000"},
+            r"^storage_options\['endpoint'\] should be an http:// or https:// URL with a host, like 'https://minio\.example\.com:9000', but got 'minio:9000'$",
+        ),
         ({"aws_endpoint": "ftp://h"}, r"should be an http:// or https:// URL with a host"),
         ({"aws_endpoint": "http://"}, r"should be an http:// or https:// URL with a host"),
     ],
-)  # fmt: skip
+)
 def test_s3_options_that_cannot_work_are_refused(monkeypatch, options, message):
     monkeypatch.delenv("AWS_ALLOW_HTTP", raising=False)
     with pytest.raises(ValueError, match=message):
@@ -153,14 +181,34 @@ def test_probe_waits_at_most_connect_timeout_and_skips_behind_a_proxy(monkeypatc
 @pytest.mark.parametrize(
     "lance_message,error,message",
     [
-        (NO_SUCH_BUCKET, FileNotFoundError, r"^source: the bucket 'bucket' of 's3://bucket/data\.lance' does not exist at the endpoint storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000'; check the bucket name in source \(or the endpoint, if it points at another server\)$"),
-        (BAD_SIGNATURE, PermissionError, r"^source: the endpoint storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000' refused the credentials for 's3://bucket/data\.lance' \(SignatureDoesNotMatch: The request signature we calculated does not match the signature you provided\.\); check storage_options\['aws_access_key_id'\] and \['aws_secret_access_key'\] \(and \['aws_session_token'\] for temporary credentials\), and that they may read the bucket$"),
-        (NO_CREDENTIALS, PermissionError, r"^source: no AWS credentials were found for 's3://bucket/data\.lance'; pass storage_options\['aws_access_key_id'\] and \['aws_secret_access_key'\]"),
-        (NO_DATASET, FileNotFoundError, r"^source: no Lance dataset at 's3://bucket/data\.lance'; check the path"),
-        (REFUSED, ConnectionError, r"^source: could not reach the endpoint storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000' for 's3://bucket/data\.lance' \(LanceError\(IO\): .* HTTP error: error sending request\); check storage_options\['aws_endpoint'\] \(scheme, host and port\) and, for plain http, storage_options\['allow_http'\]='true'$"),
+        (
+            NO_SUCH_BUCKET,
+            FileNotFoundError,
+            r"^source: the bucket 'bucket' of 's3://bucket/data\.lance' does not exist at the endpoint storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000'; check the bucket name in source \(or the endpoint, if it points at another server\)$",
+        ),
+        (
+            BAD_SIGNATURE,
+            PermissionError,
+            r"^source: the endpoint storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000' refused the credentials for 's3://bucket/data\.lance' \(SignatureDoesNotMatch: The request signature we calculated does not match the signature you provided\.\); check storage_options\['aws_access_key_id'\] and \['aws_secret_access_key'\] \(and \['aws_session_token'\] for temporary credentials\), and that they may read the bucket$",
+        ),
+        (
+            NO_CREDENTIALS,
+            PermissionError,
+            r"^source: no AWS credentials were found for 's3://bucket/data\.lance'; pass storage_options\['aws_access_key_id'\] and \['aws_secret_access_key'\]",
+        ),
+        (
+            NO_DATASET,
+            FileNotFoundError,
+            r"^source: no Lance dataset at 's3://bucket/data\.lance'; check the path",
+        ),
+        (
+            REFUSED,
+            ConnectionError,
+            r"^source: could not reach the endpoint storage_options\['aws_endpoint'\]='http://127\.0\.0\.1:9000' for 's3://bucket/data\.lance' \(LanceError\(IO\): .* HTTP error: error sending request\); check storage_options\['aws_endpoint'\] \(scheme, host and port\) and, for plain http, storage_options\['allow_http'\]='true'$",
+        ),
     ],
     ids=["no-such-bucket", "bad-signature", "no-credentials", "no-dataset", "refused"],
-)  # fmt: skip
+)
 def test_lance_open_errors_are_explained_without_secrets(lance_message, error, message):
     explained = explain_open_error(ValueError(lance_message), URI, SECRETS)
     assert type(explained) is error

@@ -112,8 +112,16 @@ def test_every_matching_row_comes_once_per_epoch_on_every_rank_count(
     matching = live["id"][live["label"] < 4].tolist()
     delivered, steps = [], set()
     for rank in range(world_size):
-        loader = PrefetchLoader(holey, 10, columns=["id"], filter=FILTER, drop_last=drop_last,
-                                rank=rank, world_size=world_size, seed=5)  # fmt: skip
+        loader = PrefetchLoader(
+            holey,
+            10,
+            columns=["id"],
+            filter=FILTER,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+            seed=5,
+        )
         batches = collect(loader, epoch=1)
         assert batches == expected(loader, live, rank, epoch=1)
         assert {len(b) for b in batches[:-1]} == {10}
@@ -151,8 +159,9 @@ def test_the_resume_contract_holds_with_a_filter_and_split(make_loader, holey, m
 
 
 def test_a_memory_cache_holds_the_selected_rows_only(holey, live):
-    loader = PrefetchLoader(holey, 10, columns=["id"], filter=FILTER, cache="memory",
-                            drop_last=False)  # fmt: skip
+    loader = PrefetchLoader(
+        holey, 10, columns=["id"], filter=FILTER, cache="memory", drop_last=False
+    )
     assert sorted(flat(collect(loader))) == live["id"][live["label"] < 4].tolist()
     assert loader._source.nbytes == 227 * 8  # int64 ids of the 227 matching rows, not 567
 
@@ -229,22 +238,48 @@ def test_lances_refusal_is_quoted_without_its_rust_source_path(holey):
 @pytest.mark.parametrize(
     ("predicate", "error", "start"),
     [
-        ("label = ", ValueError, "filter='label = ' was refused by Lance: Invalid user input: "
-                                 "Expression is not valid: label =. It must"),
-        ("colour = 'red'", ValueError, "filter=\"colour = 'red'\" was refused by Lance: Invalid "
-                                       "user input: Schema error: No field named colour."),
-        ("_rowid < 9", ValueError, "filter='_rowid < 9' was refused by Lance: Invalid user "
-                                   "input: Schema error: No field named _rowid."),
-        ("label", ValueError, "filter='label' is not a predicate: Lance evaluates it to int64 "
-                              "values, not booleans;"),
-        ("  ", ValueError, "filter should be a Lance SQL predicate such as \"label = 3\""),
-        (3, TypeError, "filter should be a Lance SQL predicate such as \"label = 3\""),
-        ("label = 3; id > 9", ValueError, "filter='label = 3; id > 9' holds a ';', but a filter "
-                                          "is one predicate: Lance would read only what comes"),
+        (
+            "label = ",
+            ValueError,
+            "filter='label = ' was refused by Lance: Invalid user input: "
+            "Expression is not valid: label =. It must",
+        ),
+        (
+            "colour = 'red'",
+            ValueError,
+            "filter=\"colour = 'red'\" was refused by Lance: Invalid "
+            "user input: Schema error: No field named colour.",
+        ),
+        (
+            "_rowid < 9",
+            ValueError,
+            "filter='_rowid < 9' was refused by Lance: Invalid user "
+            "input: Schema error: No field named _rowid.",
+        ),
+        (
+            "label",
+            ValueError,
+            "filter='label' is not a predicate: Lance evaluates it to int64 values, not booleans;",
+        ),
+        ("  ", ValueError, 'filter should be a Lance SQL predicate such as "label = 3"'),
+        (3, TypeError, 'filter should be a Lance SQL predicate such as "label = 3"'),
+        (
+            "label = 3; id > 9",
+            ValueError,
+            "filter='label = 3; id > 9' holds a ';', but a filter "
+            "is one predicate: Lance would read only what comes",
+        ),
     ],
-    ids=["bad-sql", "unknown-column", "row-id", "not-a-predicate", "blank", "not-a-string",
-         "two-statements"],
-)  # fmt: skip
+    ids=[
+        "bad-sql",
+        "unknown-column",
+        "row-id",
+        "not-a-predicate",
+        "blank",
+        "not-a-string",
+        "two-statements",
+    ],
+)
 def test_a_bad_filter_is_refused_naming_it_and_lances_message(holey, predicate, error, start):
     with pytest.raises(error) as info:
         PrefetchLoader(holey, 10, filter=predicate)
@@ -286,18 +321,27 @@ def test_the_state_records_the_filter_and_split_and_refuses_others(holey):
         "count their rows), or start without load_state_dict"
     )
     reseeded = Split(fractions=FRACTIONS, name="validation", seed=3)
-    with pytest.raises(ValueError, match=r"^state does not match this loader: split is \{.*"
-                       r"'seed': 2, 'by': 'position'\} in the state but \{.*'seed': 3, "
-                       r"'by': 'position'\} in this loader\. Build"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^state does not match this loader: split is \{.*"
+        r"'seed': 2, 'by': 'position'\} in the state but \{.*'seed': 3, "
+        r"'by': 'position'\} in this loader\. Build",
+    ):
         PrefetchLoader(holey, 5, columns=["id"], filter=FILTER, split=reseeded).load_state_dict(
             state
         )
     whole = PrefetchLoader(holey, 5, columns=["id"])
-    with pytest.raises(ValueError, match=r"^state does not match this loader: filter is 'label "
-                       r"< 4' in the state but None in this loader; split is"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^state does not match this loader: filter is 'label "
+        r"< 4' in the state but None in this loader; split is",
+    ):
         whole.load_state_dict(state)
-    with pytest.raises(ValueError, match=r"^state does not match this loader: filter is None in "
-                       r"the state but 'label < 4' in this loader; split is None"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^state does not match this loader: filter is None in "
+        r"the state but 'label < 4' in this loader; split is None",
+    ):
         loader.load_state_dict(whole.state_dict())  # a state of the whole dataset
 
 
@@ -318,8 +362,10 @@ def test_position_parts_are_disjoint_exactly_sized_and_cover_every_position():
         for name in FRACTIONS
     }
     assert {name: len(part) for name, part in parts.items()} == {
-        "train": 700, "validation": 200, "test": 100
-    }  # fmt: skip
+        "train": 700,
+        "validation": 200,
+        "test": 100,
+    }
     assert np.concatenate(list(parts.values())).tolist() != list(range(1000))  # shuffled
     assert sorted(np.concatenate(list(parts.values())).tolist()) == list(range(1000))
     assert all((np.diff(part.astype(np.int64)) > 0).all() for part in parts.values())
@@ -336,16 +382,39 @@ def test_a_loaders_parts_cover_the_filtered_rows_read_sequentially_or_shuffled(h
     parts = {}
     for name in FRACTIONS:
         split = Split(fractions=FRACTIONS, name=name, seed=4)
-        ranks = [PrefetchLoader(holey, 8, columns=["id"], filter=FILTER, split=split,
-                                shuffle=False, rank=r, world_size=3) for r in range(3)]  # fmt: skip
+        ranks = [
+            PrefetchLoader(
+                holey,
+                8,
+                columns=["id"],
+                filter=FILTER,
+                split=split,
+                shuffle=False,
+                rank=r,
+                world_size=3,
+            )
+            for r in range(3)
+        ]
         assert all(r.row_offsets.tolist() == ranks[0].row_offsets.tolist() for r in ranks)
         part = ids_of(ranks[0], live, np.arange(ranks[0].num_rows))
         read = [collect(loader) for loader in ranks]
         in_order = [b for round_ in itertools.zip_longest(*read) for b in round_ if b]
         assert flat(in_order) == part  # dataset order, once
-        shuffled = [collect(PrefetchLoader(holey, 8, columns=["id"], filter=FILTER, split=split,
-                                           drop_last=False, rank=r, world_size=2))
-                    for r in range(2)]  # fmt: skip
+        shuffled = [
+            collect(
+                PrefetchLoader(
+                    holey,
+                    8,
+                    columns=["id"],
+                    filter=FILTER,
+                    split=split,
+                    drop_last=False,
+                    rank=r,
+                    world_size=2,
+                )
+            )
+            for r in range(2)
+        ]
         assert sorted(set(flat(shuffled[0] + shuffled[1]))) == part
         parts[name] = part
     assert {name: len(part) for name, part in parts.items()} == split_sizes(227, FRACTIONS)
@@ -484,24 +553,45 @@ def test_key_hashes_are_the_documented_formula():
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"fractions": {"train": 0.9, "validation": 0.05}}, ValueError,
-         "Split fractions should sum to 1, but {'train': 0.9, 'validation': 0.05} sum to 0.95; "
-         "add a part for the rest (e.g. 'rest': 0.05) if rows should be left out"),
-        ({"name": "test"}, ValueError, "Split name='test' is not one of the parts ['train', "
-                                       "'validation']; pass one of them (every part is read by its own loader)"),
-        ({"fractions": {"train": 1.0, "validation": 0}}, ValueError,
-         "Split fractions['validation'] should be in (0, 1], but got 0.0"),
-        ({"fractions": [0.9, 0.1]}, TypeError, "Split fractions should be a mapping of part "
-                                               "names to fractions, such as {'train': 0.9, 'validation': 0.1}, but got fractions=[0.9, 0.1]"),
+        (
+            {"fractions": {"train": 0.9, "validation": 0.05}},
+            ValueError,
+            "Split fractions should sum to 1, but {'train': 0.9, 'validation': 0.05} sum to 0.95; "
+            "add a part for the rest (e.g. 'rest': 0.05) if rows should be left out",
+        ),
+        (
+            {"name": "test"},
+            ValueError,
+            "Split name='test' is not one of the parts ['train', "
+            "'validation']; pass one of them (every part is read by its own loader)",
+        ),
+        (
+            {"fractions": {"train": 1.0, "validation": 0}},
+            ValueError,
+            "Split fractions['validation'] should be in (0, 1], but got 0.0",
+        ),
+        (
+            {"fractions": [0.9, 0.1]},
+            TypeError,
+            "Split fractions should be a mapping of part "
+            "names to fractions, such as {'train': 0.9, 'validation': 0.1}, but got fractions=[0.9, 0.1]",
+        ),
         ({"seed": -1}, ValueError, "Split seed should be an integer >= 0, but got Split seed=-1"),
-        ({"seed": 2**64}, ValueError, "Split seed should be an integer in [0, 2**64), but got Split seed=18446744073709551616; pass a value below 2**64 (e.g. Split seed % 2**64)"),
+        (
+            {"seed": 2**64},
+            ValueError,
+            "Split seed should be an integer in [0, 2**64), but got Split seed=18446744073709551616; pass a value below 2**64 (e.g. Split seed % 2**64)",
+        ),
         ({"by": ""}, ValueError, "Split by should be 'position' or a column name, but got by=''"),
-        ({"fractions": {"train": 0.9 + 4e-9, "validation": 0.1}}, ValueError,
-         "Split fractions should sum to 1, but {'train': 0.900000004, 'validation': 0.1} sum "
-         "to 1.000000004; lower the fractions"),
+        (
+            {"fractions": {"train": 0.9 + 4e-9, "validation": 0.1}},
+            ValueError,
+            "Split fractions should sum to 1, but {'train': 0.900000004, 'validation': 0.1} sum "
+            "to 1.000000004; lower the fractions",
+        ),
     ],
     ids=["sum", "name", "zero", "not-a-mapping", "seed", "seed-64", "by", "sum-above-one"],
-)  # fmt: skip
+)
 def test_a_bad_split_is_refused_naming_the_field(options, error, message):
     fields = {"fractions": {"train": 0.9, "validation": 0.1}, "name": "train", **options}
     with pytest.raises(error) as info:

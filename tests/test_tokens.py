@@ -30,8 +30,16 @@ def batch_of(docs, dtype=None):
     return to_tensors(table)
 
 
-def reference_pad(docs, *, max_length=None, truncation=False, truncation_side="right",
-                  pad_value=0, padding_side="right", pad_to_multiple_of=None):  # fmt: skip
+def reference_pad(
+    docs,
+    *,
+    max_length=None,
+    truncation=False,
+    truncation_side="right",
+    pad_value=0,
+    padding_side="right",
+    pad_to_multiple_of=None,
+):
     """Padding one row at a time, as Hugging Face's ``tokenizer.pad`` (and its truncation) does."""
     if truncation:
         docs = [d[:max_length] if truncation_side == "right" else d[-max_length:] for d in docs]
@@ -66,7 +74,7 @@ def reference_pack(docs, seq_len, pad_value=0):
         "tokens": [[t for t, _, _ in row] for row in rows],
         "attention_mask": [
             [int(r * seq_len + c < real) for c in range(len(row))] for r, row in enumerate(rows)
-        ],  # fmt: skip
+        ],
         "position_ids": [[p for _, _, p in row] for row in rows],
         "seq_idx": [[d for _, d, _ in row] for row in rows],
         "cu_seq_lens": cu if stream else [0],
@@ -95,25 +103,31 @@ def test_padding_and_mask_equal_the_reference(padding_side, options):
     separate = [torch.tensor(d, dtype=torch.int32) for d in DOCS]
     for sequences in (table["tokens"], table["tokens"].chunk(0), separate):
         assert {k: v.tolist() for k, v in pad.pad(sequences).items()} == {
-            "tokens": ids, "attention_mask": mask,
-        }  # fmt: skip
+            "tokens": ids,
+            "attention_mask": mask,
+        }
     sliced = reference_pad(DOCS[2:], padding_side=padding_side, **options)[0]
     assert pad.pad(table["tokens"].slice(2))["tokens"].tolist() == sliced  # offsets of a slice
     assert pad.pad(DOCS)["tokens"].tolist() == ids  # Python lists: int64
     assert pad.pad(DOCS)["tokens"].dtype == torch.int64
     if "max_length" not in options and "pad_to_multiple_of" not in options:  # torch's own
         torch_padded = torch.nn.utils.rnn.pad_sequence(
-            separate, batch_first=True, padding_value=options.get("pad_value", 0),
+            separate,
+            batch_first=True,
+            padding_value=options.get("pad_value", 0),
             padding_side=padding_side,
-        )  # fmt: skip
+        )
         assert torch.equal(out["tokens"], torch_padded)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_truncation_cuts_the_named_side_and_is_never_silent(side):
     out = PadTokens("tokens", max_length=2, truncation=True, truncation_side=side)(batch_of(DOCS))
-    kept = [[5, 6], [], [8], [9, 10], [], [14, 15]] if side == "right" else [
-        [6, 7], [], [8], [12, 13], [], [14, 15]]  # fmt: skip
+    kept = (
+        [[5, 6], [], [8], [9, 10], [], [14, 15]]
+        if side == "right"
+        else [[6, 7], [], [8], [12, 13], [], [14, 15]]
+    )
     assert out["tokens"].tolist() == reference_pad(kept, max_length=2)[0]
     assert out["attention_mask"].tolist() == [[1, 1], [0, 0], [1, 0], [1, 1], [0, 0], [1, 1]]
     with pytest.raises(ValueError) as error:
@@ -163,8 +177,17 @@ def test_packing_equals_the_reference(seq_len):
     the segments position_ids imply (the padding one more), max_length the longest."""
     expected = reference_pack(DOCS, seq_len, pad_value=99)
     out = PackTokens("tokens", seq_len, pad_value=99)(batch_of(DOCS))
-    assert list(out) == ["id", "tokens", "attention_mask", "position_ids", "seq_idx",
-                         "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"]  # fmt: skip
+    assert list(out) == [
+        "id",
+        "tokens",
+        "attention_mask",
+        "position_ids",
+        "seq_idx",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+    ]
     assert out["tokens"].shape == (
         -(-11 // seq_len),
         seq_len,
@@ -212,31 +235,73 @@ def test_labels_ignore_padding_and_document_starts():
 @pytest.mark.parametrize(
     "make, error, message",
     [
-        (lambda: PadTokens("t", truncation=True), ValueError,
-         "truncation=True cuts rows to max_length, but max_length=None; pass max_length"),
-        (lambda: PadTokens("t", max_length=0), ValueError,
-         "max_length should be an integer >= 1, but got max_length=0"),
-        (lambda: PadTokens("t", padding_side="end"), ValueError,
-         "padding_side should be one of 'right', 'left', but got padding_side='end'"),
-        (lambda: PadTokens("t", max_length=8, pad_to_multiple_of=4), ValueError,
-         "pad_to_multiple_of=4 rounds the batch's longest row, but max_length=8 fixes the "
-         "length; pass one of them"),
-        (lambda: PadTokens("t", pad_value=None), TypeError,
-         "pad_value should be a number, but got pad_value=None"),
-        (lambda: PadTokens("t", truncation=1, max_length=2), TypeError,
-         "truncation should be True or False, but got truncation=1"),
-        (lambda: PadTokens("t", mask_key="t"), ValueError,
-         "PadTokens would write 't' twice (key, mask_key, labels_key and the boundaries' keys "
-         "must differ); pass another key"),
-        (lambda: PackTokens("t", 0), ValueError, "seq_len should be an integer >= 1, but got seq_len=0"),
-        (lambda: PackTokens("", 4), ValueError, "column should be a non-empty string, but got column=''"),
-        (lambda: PackTokens("t", 4, labels_key="position_ids"), ValueError,
-         "PackTokens would write 'position_ids' twice (key, mask_key, labels_key and the "
-         "boundaries' keys must differ); pass another key"),
+        (
+            lambda: PadTokens("t", truncation=True),
+            ValueError,
+            "truncation=True cuts rows to max_length, but max_length=None; pass max_length",
+        ),
+        (
+            lambda: PadTokens("t", max_length=0),
+            ValueError,
+            "max_length should be an integer >= 1, but got max_length=0",
+        ),
+        (
+            lambda: PadTokens("t", padding_side="end"),
+            ValueError,
+            "padding_side should be one of 'right', 'left', but got padding_side='end'",
+        ),
+        (
+            lambda: PadTokens("t", max_length=8, pad_to_multiple_of=4),
+            ValueError,
+            "pad_to_multiple_of=4 rounds the batch's longest row, but max_length=8 fixes the "
+            "length; pass one of them",
+        ),
+        (
+            lambda: PadTokens("t", pad_value=None),
+            TypeError,
+            "pad_value should be a number, but got pad_value=None",
+        ),
+        (
+            lambda: PadTokens("t", truncation=1, max_length=2),
+            TypeError,
+            "truncation should be True or False, but got truncation=1",
+        ),
+        (
+            lambda: PadTokens("t", mask_key="t"),
+            ValueError,
+            "PadTokens would write 't' twice (key, mask_key, labels_key and the boundaries' keys "
+            "must differ); pass another key",
+        ),
+        (
+            lambda: PackTokens("t", 0),
+            ValueError,
+            "seq_len should be an integer >= 1, but got seq_len=0",
+        ),
+        (
+            lambda: PackTokens("", 4),
+            ValueError,
+            "column should be a non-empty string, but got column=''",
+        ),
+        (
+            lambda: PackTokens("t", 4, labels_key="position_ids"),
+            ValueError,
+            "PackTokens would write 'position_ids' twice (key, mask_key, labels_key and the "
+            "boundaries' keys must differ); pass another key",
+        ),
     ],
-    ids=["truncation-alone", "max_length-0", "side", "both-lengths", "pad_value-None",
-         "truncation-int", "same-key", "seq_len-0", "empty-column", "boundary-key"],
-)  # fmt: skip
+    ids=[
+        "truncation-alone",
+        "max_length-0",
+        "side",
+        "both-lengths",
+        "pad_value-None",
+        "truncation-int",
+        "same-key",
+        "seq_len-0",
+        "empty-column",
+        "boundary-key",
+    ],
+)
 def test_options_are_checked_at_construction(make, error, message):
     with pytest.raises(error) as raised:
         make()
@@ -289,18 +354,22 @@ def tokens_of(row_id: int) -> list[int]:
 def token_rows(tmp_path_factory) -> str:
     """200 rows, ``id`` and ``tokens`` (list<int32>, ``tokens_of(id)``), in fragments of 64."""
     ids = np.arange(200)
-    table = pa.table({
-        "id": ids,
-        "tokens": pa.array([tokens_of(i) for i in ids], pa.list_(pa.int32())),
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "id": ids,
+            "tokens": pa.array([tokens_of(i) for i in ids], pa.list_(pa.int32())),
+        }
+    )
     uri = str(tmp_path_factory.mktemp("tokens") / "tokens.lance")
     lance.write_dataset(table, uri, max_rows_per_file=64)
     return uri
 
 
 def plain(batch):
-    return {key: value.tolist() if isinstance(value, torch.Tensor) else value
-            for key, value in batch.items()}  # fmt: skip
+    return {
+        key: value.tolist() if isinstance(value, torch.Tensor) else value
+        for key, value in batch.items()
+    }
 
 
 @pytest.mark.timeout(60)
@@ -312,8 +381,9 @@ def test_packed_batches_from_a_loader_hold_every_token_once_and_resume_exactly(t
     pack = PackTokens("tokens", 16, labels_key="labels")
 
     def make():
-        return PrefetchLoader(token_rows, 8, columns=["id", "tokens"], seed=5, coalesce=4,
-                              transform=pack)  # fmt: skip
+        return PrefetchLoader(
+            token_rows, 8, columns=["id", "tokens"], seed=5, coalesce=4, transform=pack
+        )
 
     loader = make()
     loader.set_epoch(1)
@@ -353,8 +423,13 @@ def test_an_over_long_row_fails_its_batch_and_map_style_pads(token_rows):
     8 tokens) raises BatchLoadError caused by the ValueError naming the row; the batch before it
     (read by the same coalesced take) is delivered. The map-style dataset takes the same
     transform."""
-    loader = PrefetchLoader(token_rows, 8, columns=["id", "tokens"], shuffle=False,
-                            transform=PadTokens("tokens", max_length=7))  # fmt: skip
+    loader = PrefetchLoader(
+        token_rows,
+        8,
+        columns=["id", "tokens"],
+        shuffle=False,
+        transform=PadTokens("tokens", max_length=7),
+    )
     delivered = []
     with pytest.raises(BatchLoadError) as error:
         for batch in loader:

@@ -30,9 +30,15 @@ from lance_prefetch._tuning import (
 
 def make_tuner(**options) -> DepthTuner:
     settings = dict(
-        coalesce=1, readahead=None, max_in_flight=None, max_buffer_bytes=1 << 30,
-        row_bytes=100.0, batch_size=100, level=4, period_s=1.0,
-    )  # fmt: skip
+        coalesce=1,
+        readahead=None,
+        max_in_flight=None,
+        max_buffer_bytes=1 << 30,
+        row_bytes=100.0,
+        batch_size=100,
+        level=4,
+        period_s=1.0,
+    )
     settings.update(options)
     return DepthTuner(**settings)
 

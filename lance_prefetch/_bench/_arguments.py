@@ -70,75 +70,167 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = BenchConfig()
     latency = defaults.latency
     add = parser.add_argument
-    add("uri", nargs="?", help="Lance dataset to read (local or s3://...); omit it to write a "
-        "synthetic one (--rows) to a temporary folder, or to the emulated S3 with --local-s3")  # fmt: skip
-    add("--local-s3", action="store_true",
+    add(
+        "uri",
+        nargs="?",
+        help="Lance dataset to read (local or s3://...); omit it to write a "
+        "synthetic one (--rows) to a temporary folder, or to the emulated S3 with --local-s3",
+    )
+    add(
+        "--local-s3",
+        action="store_true",
         help="emulate S3 on 127.0.0.1 (nginx + rclone serve s3 + a latency proxy), write the "
-        "synthetic dataset there, and stop it all at the end")  # fmt: skip
-    add("--storage-option", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
-        help="passed to Lance (repeat for several), e.g. aws_endpoint=http://...")  # fmt: skip
+        "synthetic dataset there, and stop it all at the end",
+    )
+    add(
+        "--storage-option",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to Lance (repeat for several), e.g. aws_endpoint=http://...",
+    )
     add("--columns", type=_names, help="comma-separated columns to read (default: all)")
     add("--batch-size", type=int, default=defaults.batch_size, help="rows per batch")
     add("--batches", type=int, default=defaults.batches, help="batches per timed pass")
     add("--warmup-batches", type=int, default=defaults.warmup_batches)
     add("--seed", type=int, default=defaults.seed)
-    add("--step-ms", type=float, default=defaults.step_ms,
-        help="simulated training step of the step pass (sleep), ms")  # fmt: skip
+    add(
+        "--step-ms",
+        type=float,
+        default=defaults.step_ms,
+        help="simulated training step of the step pass (sleep), ms",
+    )
     add("--rows", type=int, default=defaults.rows, help="rows of the synthetic dataset")
     add("--rows-per-file", type=int, default=defaults.rows_per_file)
-    add("--readahead", type=_int_or_auto_list, default=defaults.readahead, metavar="N,N,...",
+    add(
+        "--readahead",
+        type=_int_or_auto_list,
+        default=defaults.readahead,
+        metavar="N,N,...",
         help="lance-prefetch readahead values; 'auto' adds a readahead=auto, "
-        "max_in_flight=auto setting (default: 1,4,16,64)")  # fmt: skip
-    add("--max-in-flight", type=_int_or_auto_list, default=defaults.max_in_flight,
-        metavar="N,N,...", help="lance-prefetch max_in_flight values; pairs above readahead are "
-        "skipped (default: 1,4,16)")  # fmt: skip
-    add("--coalesce", type=_int_or_auto_list, default=defaults.coalesce, metavar="N,...",
-        help="lance-prefetch coalesce values, e.g. 1,auto (default: auto)")  # fmt: skip
-    add("--cache", type=_caches, default=defaults.cache, metavar="none,memory,disk",
-        help="lance-prefetch cache values (default: none)")  # fmt: skip
-    add("--hedge", type=_hedges, default=defaults.hedge, metavar="auto,none",
+        "max_in_flight=auto setting (default: 1,4,16,64)",
+    )
+    add(
+        "--max-in-flight",
+        type=_int_or_auto_list,
+        default=defaults.max_in_flight,
+        metavar="N,N,...",
+        help="lance-prefetch max_in_flight values; pairs above readahead are "
+        "skipped (default: 1,4,16)",
+    )
+    add(
+        "--coalesce",
+        type=_int_or_auto_list,
+        default=defaults.coalesce,
+        metavar="N,...",
+        help="lance-prefetch coalesce values, e.g. 1,auto (default: auto)",
+    )
+    add(
+        "--cache",
+        type=_caches,
+        default=defaults.cache,
+        metavar="none,memory,disk",
+        help="lance-prefetch cache values (default: none)",
+    )
+    add(
+        "--hedge",
+        type=_hedges,
+        default=defaults.hedge,
+        metavar="auto,none",
         help="lance-prefetch hedge values: auto (hedged takes on object stores), none "
-        "(default: auto)")  # fmt: skip
-    add("--repeats", type=int, default=defaults.repeats,
+        "(default: auto)",
+    )
+    add(
+        "--repeats",
+        type=int,
+        default=defaults.repeats,
         help="runs of each lance-prefetch setting, in interleaved rounds; the median counts "
-        "(default: 1)")  # fmt: skip
-    add("--ceiling-concurrency", type=_int_list, default=defaults.ceiling_concurrency,
-        metavar="N,N,...", help="thread-pool sizes tried by ceiling (default: 4,16,64)")  # fmt: skip
-    add("--ceiling-repeats", type=int, default=defaults.ceiling_repeats,
-        help="runs of ceiling per pool size; the best counts (default: 2)")  # fmt: skip
+        "(default: 1)",
+    )
+    add(
+        "--ceiling-concurrency",
+        type=_int_list,
+        default=defaults.ceiling_concurrency,
+        metavar="N,N,...",
+        help="thread-pool sizes tried by ceiling (default: 4,16,64)",
+    )
+    add(
+        "--ceiling-repeats",
+        type=int,
+        default=defaults.ceiling_repeats,
+        help="runs of ceiling per pool size; the best counts (default: 2)",
+    )
     add("--map-workers", type=int, default=defaults.map_workers)
-    add("--grain-threads", type=_int_list, default=defaults.grain_threads, metavar="N,...",
-        help="grain: ReadOptions.num_threads of each setting (default: 16)")  # fmt: skip
-    add("--spdl-concurrency", type=_int_list, default=defaults.spdl_concurrency,
-        metavar="N,...", help="spdl: take concurrency of each setting (default: 8)")  # fmt: skip
-    add("--streaming-splits", type=_int_list, default=defaults.streaming_splits,
-        metavar="N,...", help="lancedb-streaming: num_splits of each setting (default: 1)")  # fmt: skip
-    add("--contenders", type=_contenders, default=defaults.contenders,
+    add(
+        "--grain-threads",
+        type=_int_list,
+        default=defaults.grain_threads,
+        metavar="N,...",
+        help="grain: ReadOptions.num_threads of each setting (default: 16)",
+    )
+    add(
+        "--spdl-concurrency",
+        type=_int_list,
+        default=defaults.spdl_concurrency,
+        metavar="N,...",
+        help="spdl: take concurrency of each setting (default: 8)",
+    )
+    add(
+        "--streaming-splits",
+        type=_int_list,
+        default=defaults.streaming_splits,
+        metavar="N,...",
+        help="lancedb-streaming: num_splits of each setting (default: 1)",
+    )
+    add(
+        "--contenders",
+        type=_contenders,
+        default=defaults.contenders,
         help=f"comma-separated, among {','.join(KINDS)}; 'peers' for "
         f"{','.join(PEER_KINDS)} (pip install 'lance-prefetch[peers]' after torch) (default: "
-        f"the first five and the peers)")  # fmt: skip
+        f"the first five and the peers)",
+    )
     add("--delay-ms", type=float, default=latency.delay_ms, help="--local-s3 added delay, ms")
     add("--jitter-ms", type=float, default=latency.jitter_ms, help="+/- uniform jitter, ms")
-    add("--tail-fraction", type=float, default=latency.tail_fraction,
-        help="fraction of requests in the slow tail")  # fmt: skip
+    add(
+        "--tail-fraction",
+        type=float,
+        default=latency.tail_fraction,
+        help="fraction of requests in the slow tail",
+    )
     add("--tail-ms", type=float, default=latency.tail_ms, help="the slow tail's extra delay, ms")
     add("--latency-seed", type=int, default=latency.seed)
-    add("--aimd-rate", type=int, default=defaults.aimd_rate,
+    add(
+        "--aimd-rate",
+        type=int,
+        default=defaults.aimd_rate,
         help="pin Lance's request-rate limiter on object stores at this many requests/s "
-        "(0: Lance's default ramp)")  # fmt: skip
-    add("--io", choices=("default", "uring"), default=defaults.io,
+        "(0: Lance's default ramp)",
+    )
+    add(
+        "--io",
+        choices=("default", "uring"),
+        default=defaults.io,
         help="uring: every contender reads the local dataset through Lance's io_uring reader "
-        "(file+uring://)")  # fmt: skip
+        "(file+uring://)",
+    )
     add("--io-threads", type=int, help="set LANCE_IO_THREADS for the contenders")
-    add("--id-column", default=defaults.id_column,
-        help="column with row ids for the same-ids check ('' for none: offsets are used)")  # fmt: skip
+    add(
+        "--id-column",
+        default=defaults.id_column,
+        help="column with row ids for the same-ids check ('' for none: offsets are used)",
+    )
     add("--record-ids", action="store_true", help="store every id read in the JSON")
     add("--out", type=Path, default=defaults.out_dir, help="folder for NAME.json/.md/.png")
     add("--name", default=defaults.name, help="file name of the outputs, without suffix")
     add("--contender-timeout-s", type=float, default=defaults.contender_timeout_s)
     add("--no-progress", action="store_true", help="no progress bar")
-    add("--targets", action="store_true",
-        help="add the development targets (met or missed) to the report")  # fmt: skip
+    add(
+        "--targets",
+        action="store_true",
+        help="add the development targets (met or missed) to the report",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:

@@ -133,9 +133,14 @@ class BenchConfig:
                 f"--storage-option KEY=VALUE"
             )
         for name in (
-            "rows", "rows_per_file", "batch_size", "batches", "map_workers", "ceiling_repeats",
+            "rows",
+            "rows_per_file",
+            "batch_size",
+            "batches",
+            "map_workers",
+            "ceiling_repeats",
             "repeats",
-        ):  # fmt: skip
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} should be >= 1, but got {name}={getattr(self, name)}")
         for name in ("warmup_batches", "seed", "aimd_rate"):
@@ -151,9 +156,14 @@ class BenchConfig:
         if unknown or not self.contenders:
             raise ValueError(f"contenders should be among {list(KINDS)}, but got {unknown or '[]'}")
         for name in (
-            "readahead", "max_in_flight", "coalesce", "ceiling_concurrency", "grain_threads",
-            "spdl_concurrency", "streaming_splits",
-        ):  # fmt: skip
+            "readahead",
+            "max_in_flight",
+            "coalesce",
+            "ceiling_concurrency",
+            "grain_threads",
+            "spdl_concurrency",
+            "streaming_splits",
+        ):
             values = getattr(self, name)
             numbers = [v for v in values if v != "auto" or name not in _AUTO]
             if not values or any(not isinstance(v, int) or v < 1 for v in numbers):

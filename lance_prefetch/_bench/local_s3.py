@@ -274,15 +274,23 @@ class LocalS3:
         def start(port: int) -> ManagedProcess:
             return self._managed(
                 [
-                    rclone, "serve", "s3", str(root),
-                    "--addr", f"127.0.0.1:{port}",
-                    "--auth-key", f"{self.access_key},{self.secret_key}",
-                    "--config", str(config),
-                    "--log-file", str(log),
-                    "--log-level", "ERROR",
+                    rclone,
+                    "serve",
+                    "s3",
+                    str(root),
+                    "--addr",
+                    f"127.0.0.1:{port}",
+                    "--auth-key",
+                    f"{self.access_key},{self.secret_key}",
+                    "--config",
+                    str(config),
+                    "--log-file",
+                    str(log),
+                    "--log-level",
+                    "ERROR",
                 ],
                 "rclone serve s3",
-            )  # fmt: skip
+            )
 
         return self._on_free_port(start, log)
 
@@ -300,14 +308,17 @@ class LocalS3:
     def _start_proxy(self, nginx_port: int) -> int:
         process = self._managed(
             [
-                sys.executable, "-u", latency_proxy.__file__,
-                "--upstream", f"127.0.0.1:{nginx_port}",
+                sys.executable,
+                "-u",
+                latency_proxy.__file__,
+                "--upstream",
+                f"127.0.0.1:{nginx_port}",
                 *self.latency.as_args(),
             ],
             "latency proxy",
             stdout=subprocess.PIPE,
             stderr=None,
-        )  # fmt: skip
+        )
         with selectors.DefaultSelector() as selector:
             selector.register(process.popen.stdout, selectors.EVENT_READ)
             ready = selector.select(timeout=_PROXY_START_TIMEOUT_S)

@@ -104,11 +104,21 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
     step_ms = report["meta"]["settings"]["step_ms"]
     rows = [
         [
-            "contender", "settings", "uniform", "rows/s", "batches/s", "MiB/s",
-            "first batch ms, cold", "first batch ms, epoch", "take p50 ms", "take p99 ms",
-            "peak RSS MiB", f"waited, {step_ms:g} ms step", "start s",
+            "contender",
+            "settings",
+            "uniform",
+            "rows/s",
+            "batches/s",
+            "MiB/s",
+            "first batch ms, cold",
+            "first batch ms, epoch",
+            "take p50 ms",
+            "take p99 ms",
+            "peak RSS MiB",
+            f"waited, {step_ms:g} ms step",
+            "start s",
         ]
-    ]  # fmt: skip
+    ]
     best = best_prefetch(report["contenders"])
     for contender in report["contenders"]:
         name = display_name(contender)
@@ -240,29 +250,41 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
     several = len({coalesce for _, coalesce in lines}) > 1
     for index, (mif, coalesce) in enumerate(lines):
         points = sorted(
-            ((c["settings"]["readahead"], c) for c in grid
-             if (c["settings"]["max_in_flight"], str(setting_of(c, "coalesce", "auto")))
-             == (mif, coalesce)),
+            (
+                (c["settings"]["readahead"], c)
+                for c in grid
+                if (c["settings"]["max_in_flight"], str(setting_of(c, "coalesce", "auto")))
+                == (mif, coalesce)
+            ),
             key=lambda point: point[0],
-        )  # fmt: skip
+        )
         xs = [ra for ra, _ in points]
         color = colors[index % len(colors)]
         label = f"max_in_flight={mif}" + (f", coalesce={coalesce}" if several else "")
         left.plot(
-            xs, [c["passes"]["throughput"]["rows_per_s"] for _, c in points], "o-",
-            color=color, label=label,
-        )  # fmt: skip
+            xs,
+            [c["passes"]["throughput"]["rows_per_s"] for _, c in points],
+            "o-",
+            color=color,
+            label=label,
+        )
         right.plot(
-            xs, [100 * (c["passes"]["step"].get("wait_fraction") or 0) for _, c in points], "o-",
-            color=color, label=label,
-        )  # fmt: skip
+            xs,
+            [100 * (c["passes"]["step"].get("wait_fraction") or 0) for _, c in points],
+            "o-",
+            color=color,
+            label=label,
+        )
     others = [
         c for c in contenders if c["name"] == PREFETCH and c not in grid
     ]  # the defaults, readahead="auto" and the caches
     for index, contender in enumerate(others):
-        line = {"color": colors[(len(lines) + index) % len(colors)], "linestyle": "--",
-                "linewidth": 2.5 if contender["label"].endswith("defaults") else 1.5,
-                "label": contender["label"]}  # fmt: skip
+        line = {
+            "color": colors[(len(lines) + index) % len(colors)],
+            "linestyle": "--",
+            "linewidth": 2.5 if contender["label"].endswith("defaults") else 1.5,
+            "label": contender["label"],
+        }
         left.axhline(contender["passes"]["throughput"]["rows_per_s"], **line)
         wait = contender["passes"]["step"].get("wait_fraction")
         if wait is not None:

@@ -98,9 +98,12 @@ def _prepare_storage(
         logger.info("writing %d rows to %s", config.rows, uri)
         # Written without the added latency (faster); read through it.
         write_synthetic(
-            uri, config.rows, rows_per_file=config.rows_per_file,
-            storage_options=s3.storage_options(with_latency=False), seed=config.seed,
-        )  # fmt: skip
+            uri,
+            config.rows,
+            rows_per_file=config.rows_per_file,
+            storage_options=s3.storage_options(with_latency=False),
+            seed=config.seed,
+        )
         options = {**s3.storage_options(), **options}
         servers = {"pids": list(s3.pids), "ports": list(s3.ports)}
         kind = "emulated S3"
@@ -198,8 +201,11 @@ def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]
     if batches < config.batches:
         logger.warning(
             "an epoch has only %d batches of %d rows; reading %d per pass, not %d",
-            per_epoch, config.batch_size, batches, config.batches,
-        )  # fmt: skip
+            per_epoch,
+            config.batch_size,
+            batches,
+            config.batches,
+        )
     return {
         "batch_size": config.batch_size,
         "batches": batches,
@@ -368,7 +374,13 @@ def _run_contenders(
                 bar.write(f"{label} failed: {result['error']}", file=sys.stderr)
                 logger.warning("%s failed: %s\n%s", label, result["error"], result.get("log", ""))
             results.append(
-                {"name": spec.kind, "label": label, "settings": run_settings, "round": round_,
-                 "uniform": UNIFORM[spec.kind], **result}
-            )  # fmt: skip
+                {
+                    "name": spec.kind,
+                    "label": label,
+                    "settings": run_settings,
+                    "round": round_,
+                    "uniform": UNIFORM[spec.kind],
+                    **result,
+                }
+            )
     return results

@@ -225,9 +225,14 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         rate = _rows_per_s(by_name(contenders, other))
         if best_rate is None or rate is None:
             targets.append(
-                {"target": target, "applies": applies, "value": None, "met": None,
-                 "detail": f"not measured ({PREFETCH} or {other} not in --contenders, or failed)"}
-            )  # fmt: skip
+                {
+                    "target": target,
+                    "applies": applies,
+                    "value": None,
+                    "met": None,
+                    "detail": f"not measured ({PREFETCH} or {other} not in --contenders, or failed)",
+                }
+            )
             return
         value = best_rate / rate
         targets.append(
@@ -386,9 +391,10 @@ def _performance_targets(report: Mapping[str, Any], remote: bool) -> list[dict[s
             f"{rate_text(auto)} = {value:.2f}x the best fixed, {rate_text(fixed)}{same_round}",
         )
         calm = [
-            c for c in prefetch_runs(contenders, cache=cache, auto=False)
+            c
+            for c in prefetch_runs(contenders, cache=cache, auto=False)
             if (c["passes"]["step"].get("wait_fraction") or 1.0) < 0.01
-        ]  # fmt: skip
+        ]
         wait = auto["passes"]["step"].get("wait_fraction")
         if wait is not None:
             targets.append(

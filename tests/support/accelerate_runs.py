@@ -20,10 +20,19 @@ ROWS = 403
 def main() -> None:
     folder = Path(sys.argv[1])
     for name, options in (("dispatched", ["--num-workers", "1"]), ("sharded", ["--no-dispatch"])):
-        accelerate_train.train(accelerate_train.parse_args([
-            "--uri", str(folder / "data.lance"), "--rows", str(ROWS),
-            "--record", str(folder / f"{name}-{{rank}}.jsonl"), *options,
-        ]))  # fmt: skip
+        accelerate_train.train(
+            accelerate_train.parse_args(
+                [
+                    "--uri",
+                    str(folder / "data.lance"),
+                    "--rows",
+                    str(ROWS),
+                    "--record",
+                    str(folder / f"{name}-{{rank}}.jsonl"),
+                    *options,
+                ]
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,7 @@ def gloo_rank(rank: int, uri: str, init_file: str, results: Any) -> None:
 
     outcomes: list[Any] = []
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=2)  # fmt: skip
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
         inject(rank, FAULTS)
         loader = PrefetchLoader(uri, 10, columns=["id"], drop_last=False, audit=True)
         evaluation = PrefetchLoader(uri, 10, columns=["id"], shuffle=False, audit=True)

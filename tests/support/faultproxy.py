@@ -44,10 +44,20 @@ ACTIONS = {
     "stall": None,
     "reset": None,
     "slow_down": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
-    "internal_error": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
+    "internal_error": (
+        500,
+        "Internal Server Error",
+        "InternalError",
+        "We encountered an internal error. Please try again.",
+    ),
     "access_denied": (403, "Forbidden", "AccessDenied", "Access Denied"),
-    "invalid_key": (403, "Forbidden", "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records."),
-}  # fmt: skip
+    "invalid_key": (
+        403,
+        "Forbidden",
+        "InvalidAccessKeyId",
+        "The AWS Access Key Id you provided does not exist in our records.",
+    ),
+}
 
 
 @dataclass(frozen=True)

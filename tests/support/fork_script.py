@@ -85,20 +85,31 @@ def main() -> None:
     code = child_exit_code(pid, timeout=60)
     emit("STEP", {"step": "os_fork", "exit_code": code, "s": time.monotonic() - start})
 
-    emit("STEP", {"step": "live_fork_dataloader", "loop_threads": loop_threads()}
-         | fork_dataloader(loader))  # fmt: skip
+    emit(
+        "STEP",
+        {"step": "live_fork_dataloader", "loop_threads": loop_threads()} | fork_dataloader(loader),
+    )
 
     seen += [batch["id"].tolist() for batch in iterator]
     emit("STEP", {"step": "parent_rest", "ids": seen, "plan": plan_ids(loader, 0)})
 
     for _ in loader:
         break
-    emit("STEP", {"step": "dropped_fork_dataloader", "epoch": loader.epoch,
-                  "loop_threads": loop_threads()} | fork_dataloader(loader))  # fmt: skip
+    emit(
+        "STEP",
+        {"step": "dropped_fork_dataloader", "epoch": loader.epoch, "loop_threads": loop_threads()}
+        | fork_dataloader(loader),
+    )
 
     after = [batch["id"].tolist() for batch in loader]
-    emit("STEP", {"step": "after", "epoch": loader.epoch,
-                  "matches_plan": after == plan_ids(loader, loader.epoch)})  # fmt: skip
+    emit(
+        "STEP",
+        {
+            "step": "after",
+            "epoch": loader.epoch,
+            "matches_plan": after == plan_ids(loader, loader.epoch),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -59,8 +59,15 @@ def resumed(folder: Path, kind: str, options: list[str], points: tuple[str, ...]
 def main() -> None:
     strategy, folder = sys.argv[1], Path(sys.argv[2])
     if strategy == "ddp_spawn":
-        run(folder, "spawn", "--strategy", "ddp_spawn", "--build-in-init",
-            "--checkpoints", str(folder / "spawn-ckpt"))  # fmt: skip
+        run(
+            folder,
+            "spawn",
+            "--strategy",
+            "ddp_spawn",
+            "--build-in-init",
+            "--checkpoints",
+            str(folder / "spawn-ckpt"),
+        )
     elif strategy == "ddp":
         resumed(folder, "bare", [], ("end", "mid"))
         options = ["--strategy", "ddp", "--wrap", "dataloader", "--loader-epochs", "off"]

@@ -22,18 +22,64 @@ TRACE = Path(__file__).resolve().parent.parent / "data" / "tuner_trace.json"
 #: (optionally) the step's pace as a fraction of the best level's rows/s (default 0.8) and a
 #: noise of the wait, as a fraction of the step (default 0).
 SCENARIOS = [
-    ("plateau-at-8", dict(coalesce=1, readahead=None, max_in_flight=None), (8, 1000.0, 0.15, 100, False)),
-    ("cpu-bound-noisy", dict(coalesce=4, readahead=None, max_in_flight=None), (2, 4000.0, 0.25, 64, False)),
-    ("behind-a-step", dict(coalesce=2, readahead=None, max_in_flight=None), (6, 800.0, 0.10, 256, True)),
-    ("fixed-readahead", dict(coalesce=2, readahead=24, max_in_flight=None), (16, 500.0, 0.10, 128, False)),
-    ("fixed-in-flight", dict(coalesce=1, readahead=None, max_in_flight=3), (32, 300.0, 0.20, 100, False)),
-    ("byte-cap-learnt", dict(coalesce=1, readahead=None, max_in_flight=None, row_bytes=None, max_buffer_bytes=1 << 20), (64, 200.0, 0.10, 512, False)),
-    ("start-at-1", dict(coalesce=8, readahead=None, max_in_flight=None, level=1), (4, 2000.0, 0.20, 128, True)),
-    ("over-supplied", dict(coalesce=1, readahead=None, max_in_flight=None), (8, 1000.0, 0.10, 100, True, 0.3)),
-    ("near-the-edge", dict(coalesce=2, readahead=None, max_in_flight=None), (4, 1000.0, 0.30, 100, True, 0.95)),
-    ("mild-waits", dict(coalesce=1, readahead=None, max_in_flight=None), (8, 1000.0, 0.10, 100, True, 0.3, 0.022)),
-    ("calm-band", dict(coalesce=1, readahead=None, max_in_flight=None), (8, 1000.0, 0.10, 100, True, 0.3, 0.005)),
-]  # fmt: skip
+    (
+        "plateau-at-8",
+        dict(coalesce=1, readahead=None, max_in_flight=None),
+        (8, 1000.0, 0.15, 100, False),
+    ),
+    (
+        "cpu-bound-noisy",
+        dict(coalesce=4, readahead=None, max_in_flight=None),
+        (2, 4000.0, 0.25, 64, False),
+    ),
+    (
+        "behind-a-step",
+        dict(coalesce=2, readahead=None, max_in_flight=None),
+        (6, 800.0, 0.10, 256, True),
+    ),
+    (
+        "fixed-readahead",
+        dict(coalesce=2, readahead=24, max_in_flight=None),
+        (16, 500.0, 0.10, 128, False),
+    ),
+    (
+        "fixed-in-flight",
+        dict(coalesce=1, readahead=None, max_in_flight=3),
+        (32, 300.0, 0.20, 100, False),
+    ),
+    (
+        "byte-cap-learnt",
+        dict(
+            coalesce=1, readahead=None, max_in_flight=None, row_bytes=None, max_buffer_bytes=1 << 20
+        ),
+        (64, 200.0, 0.10, 512, False),
+    ),
+    (
+        "start-at-1",
+        dict(coalesce=8, readahead=None, max_in_flight=None, level=1),
+        (4, 2000.0, 0.20, 128, True),
+    ),
+    (
+        "over-supplied",
+        dict(coalesce=1, readahead=None, max_in_flight=None),
+        (8, 1000.0, 0.10, 100, True, 0.3),
+    ),
+    (
+        "near-the-edge",
+        dict(coalesce=2, readahead=None, max_in_flight=None),
+        (4, 1000.0, 0.30, 100, True, 0.95),
+    ),
+    (
+        "mild-waits",
+        dict(coalesce=1, readahead=None, max_in_flight=None),
+        (8, 1000.0, 0.10, 100, True, 0.3, 0.022),
+    ),
+    (
+        "calm-band",
+        dict(coalesce=1, readahead=None, max_in_flight=None),
+        (8, 1000.0, 0.10, 100, True, 0.3, 0.005),
+    ),
+]
 
 
 def simulate(tuner_class, name: str, options: dict, model: tuple, *, seed: int = 0) -> list:
@@ -85,9 +131,14 @@ def fuzz(tuner_class, seed: int, periods: int = 4000) -> list:
     with a restart every 500 periods: ``[period, readahead, max_in_flight]`` per change."""
     rng = random.Random(f"fuzz-{seed}")
     tuner = tuner_class(
-        coalesce=rng.choice([1, 2, 4]), readahead=None, max_in_flight=None,
-        max_buffer_bytes=1 << 30, row_bytes=100.0, batch_size=100, level=rng.choice([1, 4]),
-    )  # fmt: skip
+        coalesce=rng.choice([1, 2, 4]),
+        readahead=None,
+        max_in_flight=None,
+        max_buffer_bytes=1 << 30,
+        row_bytes=100.0,
+        batch_size=100,
+        level=rng.choice([1, 4]),
+    )
     now, waited, rows = 0.0, 0.0, 0
     tuner.observe(now, waited, rows, 0, 0)
     decisions = []
