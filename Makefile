@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-system bench install clean nginx
+.PHONY: demo test test-system lint bench install clean nginx
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,13 @@ test: $(STAMP) nginx
 
 test-system: $(STAMP) nginx
 	$(PY) -m pytest -m system
+
+# The layout and the formatting: ruff's formatter and linter, and the layers of the package
+# (import-linter's contracts in pyproject.toml). CI runs it.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check lance_prefetch tests benchmarks examples
+	$(VENV)/bin/ruff check lance_prefetch tests benchmarks examples
+	$(VENV)/bin/lint-imports
 
 # The benchmark on an emulated S3 (nginx + rclone on 127.0.0.1; installs nginx-light if missing).
 bench: $(STAMP) nginx

@@ -4,7 +4,7 @@ Three measurements:
 
 * per batch: :meth:`CoverageRecord.add` of a 64-row batch of a shuffled epoch, the folds every
   ``FLUSH_ROWS`` rows included, and the memory of a record (``num_rows / 8`` bytes);
-* per epoch: the check of two ranks' records (:func:`~lance_prefetch._coverage.check`) and the
+* per epoch: the check of two ranks' records (:func:`~lance_prefetch.audit._coverage.check`) and the
   write of a record into an ``audit_dir``, at ``--check-rows`` rows;
 * end to end: a local dataset of small rows read in batches of ``--batch-size``, without a cache
   and with ``cache="memory"`` (where a fixed per-batch cost weighs most), each pass with and
@@ -28,10 +28,10 @@ import numpy as np
 import pyarrow as pa
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._audit import EpochAudit
-from lance_prefetch._bitset import CoverageRecord
-from lance_prefetch._coverage import Share, check
-from lance_prefetch.sampling import EpochPlan
+from lance_prefetch.audit._bitset import CoverageRecord
+from lance_prefetch.audit._coverage import Share, check
+from lance_prefetch.audit._wiring import EpochAudit
+from lance_prefetch.plan.sampling import EpochPlan
 
 
 def per_batch(num_rows: int, batch_size: int) -> dict[str, float]:

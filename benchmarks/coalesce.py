@@ -1,5 +1,5 @@
 """Per-take cost of a uniform random ``take`` against rows per take: the measurement behind the
-coalescing rule (``lance_prefetch._coalesce``).
+coalescing rule (``lance_prefetch.plan._coalesce``).
 
 Writes (once) a synthetic dataset (``--rows`` rows of id + 128 x float32 vector + label, in
 fragments of ``--rows-per-file``), then, for each number of rows per take, runs ``--threads``

@@ -4,7 +4,7 @@ Two designs, with a fetch that does no work so only the hand-over is timed:
 
 * ``portal``: the training thread asks the event loop for each item with a blocking anyio portal
   call (``portal.call(prefetcher.__anext__)``-style), a round trip through the loop per item.
-* ``lance-prefetch``: :class:`~lance_prefetch._blocking.BlockingPrefetcher`; the worker thread
+* ``lance-prefetch``: :class:`~lance_prefetch.schedule._blocking.BlockingPrefetcher`; the worker thread
   hands the result over by releasing a lock and the training thread returns the readahead
   token without waiting (``call_soon_threadsafe``).
 
@@ -25,8 +25,8 @@ from collections.abc import Iterator
 import anyio
 import anyio.from_thread
 
-from lance_prefetch._blocking import BlockingPrefetcher
-from lance_prefetch._prefetcher import Prefetcher
+from lance_prefetch.schedule._blocking import BlockingPrefetcher
+from lance_prefetch.schedule._prefetcher import Prefetcher
 
 
 def portal_items(items: int) -> Iterator[int]:

@@ -34,7 +34,7 @@ from lance_prefetch import HedgePolicy, PrefetchLoader
 from lance_prefetch._bench.data import write_synthetic
 from lance_prefetch._bench.latency_proxy import Latency
 from lance_prefetch._bench.local_s3 import LocalS3
-from lance_prefetch._source import LanceSource
+from lance_prefetch.sources._lance import LanceSource
 
 COLUMNS = ["id", "vector", "label"]
 

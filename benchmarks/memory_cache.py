@@ -25,7 +25,7 @@ import numpy as np
 
 from lance_prefetch import PrefetchLoader
 from lance_prefetch._bench.data import write_synthetic
-from lance_prefetch.sampling import EpochPlan
+from lance_prefetch.plan.sampling import EpochPlan
 
 COLUMNS = ["vector", "label"]
 

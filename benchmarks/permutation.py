@@ -18,7 +18,7 @@ import itertools
 import time
 import tracemalloc
 
-from lance_prefetch.sampling import EpochPlan
+from lance_prefetch.plan.sampling import EpochPlan
 
 MIB = 2**20
 

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch import _telemetry as telemetry_module
+from lance_prefetch.loader import _telemetry as telemetry_module
 
 
 def per_call() -> dict[str, float]:

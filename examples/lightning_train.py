@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch.lightning import LoaderEpochs
+from lance_prefetch.integrations.lightning import LoaderEpochs
 
 
 class LanceData(L.LightningDataModule):

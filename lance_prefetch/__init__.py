@@ -7,11 +7,11 @@ The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableData
 :class:`Split` (one part of a seeded train/validation split, ``split=``),
 :func:`state_from_dataloader`, and for PyTorch's own samplers the map-style
 :class:`LanceMapDataset` with its :func:`collate`. The public modules are the rule books:
-:mod:`~lance_prefetch.sampling` (which rows in which batch), :mod:`~lance_prefetch.permutation`
-(each epoch's order), :mod:`~lance_prefetch.splits` (which rows form which part of a split),
+:mod:`~lance_prefetch.plan.sampling` (which rows in which batch), :mod:`~lance_prefetch.plan.permutation`
+(each epoch's order), :mod:`~lance_prefetch.plan.splits` (which rows form which part of a split),
 :mod:`~lance_prefetch.convert` (Arrow to torch),
-:mod:`~lance_prefetch.state` (checkpoint state), :mod:`~lance_prefetch.retry` (which read
-errors are retried, and how) and :mod:`~lance_prefetch.tokens` (padding and packing token
+:mod:`~lance_prefetch.state` (checkpoint state), :mod:`~lance_prefetch.schedule.retry` (which read
+errors are retried, and how) and :mod:`~lance_prefetch.convert.tokens` (padding and packing token
 sequences). The machinery lives in private modules; ``docs/design.md`` maps them.
 """
 
@@ -20,23 +20,27 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
-from ._coverage import AuditReport as AuditReport
-from ._errors import BatchLoadError as BatchLoadError
-from ._errors import CoverageError as CoverageError
-from ._hedging import HedgePolicy as HedgePolicy
-from ._telemetry import LoaderStats as LoaderStats
-from .retry import RetryPolicy as RetryPolicy
-from .splits import Split as Split
-from .state import state_from_dataloader as state_from_dataloader
+from lance_prefetch._errors import BatchLoadError as BatchLoadError
+from lance_prefetch._errors import CoverageError as CoverageError
+from lance_prefetch.audit._coverage import AuditReport as AuditReport
+from lance_prefetch.loader._telemetry import LoaderStats as LoaderStats
+from lance_prefetch.plan.splits import Split as Split
+from lance_prefetch.schedule._hedging import HedgePolicy as HedgePolicy
+from lance_prefetch.schedule.retry import RetryPolicy as RetryPolicy
+from lance_prefetch.state import state_from_dataloader as state_from_dataloader
 
 if TYPE_CHECKING:
-    from ._loader import PrefetchLoader as PrefetchLoader
-    from ._mapstyle import LanceMapDataset as LanceMapDataset
-    from ._mapstyle import collate as collate
+    from lance_prefetch.loader._loader import PrefetchLoader as PrefetchLoader
+    from lance_prefetch.loader._mapstyle import LanceMapDataset as LanceMapDataset
+    from lance_prefetch.loader._mapstyle import collate as collate
 
 # The readers import torch and Lance: they load on first use, so that the rule books (sampling,
 # permutation, state, retry) and the scheduling machinery import without them.
-_READERS = {"PrefetchLoader": "._loader", "LanceMapDataset": "._mapstyle", "collate": "._mapstyle"}
+_READERS = {
+    "PrefetchLoader": ".loader._loader",
+    "LanceMapDataset": ".loader._mapstyle",
+    "collate": ".loader._mapstyle",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,6 @@
 
 import sys
 
-from ._cli import main
+from lance_prefetch._cli import main
 
 sys.exit(main())

@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         "and NAME.png to --out. Needs the bench extra (pip install 'lance-prefetch[bench]'); "
         "--local-s3 also needs nginx (apt-get install nginx-light).",
     )
-    from ._bench._arguments import add_arguments
+    from lance_prefetch._bench._arguments import add_arguments
 
     add_arguments(bench)
     bench.add_argument("-v", "--verbose", action="store_true", help="log what is being set up")
@@ -104,10 +104,10 @@ def _run_bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    from ._bench._arguments import config_from_args
-    from ._bench.report import to_markdown
-    from ._bench.run import run_bench
-    from ._bench.verdicts import failures, same_rows_verdict
+    from lance_prefetch._bench._arguments import config_from_args
+    from lance_prefetch._bench.report import to_markdown
+    from lance_prefetch._bench.run import run_bench
+    from lance_prefetch._bench.verdicts import failures, same_rows_verdict
 
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -141,7 +141,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 def _run_demo(args: argparse.Namespace) -> int:
     try:
-        from . import _demo as demo
+        from lance_prefetch import _demo as demo
     except (
         ModuleNotFoundError
     ) as exc:  # torch-free installs never reach here; sklearn may be absent

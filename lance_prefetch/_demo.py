@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 import torch
 from torch import nn
 
-from ._loader import PrefetchLoader
-from ._telemetry import LoaderStats
+from lance_prefetch.loader._loader import PrefetchLoader
+from lance_prefetch.loader._telemetry import LoaderStats
 
 __all__ = ["EpochReport", "train", "write_digits"]
 

@@ -22,7 +22,7 @@ class BatchLoadError(RuntimeError):
 
     Attributes:
         epoch (int): the epoch being read.
-        position (int): the batch's global position in that epoch (see :mod:`lance_prefetch.sampling`).
+        position (int): the batch's global position in that epoch (see :mod:`lance_prefetch.plan.sampling`).
         num_rows (int): rows in the batch.
         uri (str): the dataset's URI (without credentials).
         attempts (int): read attempts made for the batch (see

@@ -2,8 +2,8 @@
 
 Every check names the parameter, the value it got and what would be accepted, and raises
 ``TypeError`` for a wrong type and ``ValueError`` for a wrong value (the convention of
-``torch.utils.data`` and anyio). The config objects (:mod:`lance_prefetch._config`,
-:class:`~lance_prefetch.RetryPolicy`, :class:`~lance_prefetch.sampling.EpochPlan`) call them;
+``torch.utils.data`` and anyio). The config objects (:mod:`lance_prefetch.loader._config`,
+:class:`~lance_prefetch.RetryPolicy`, :class:`~lance_prefetch.plan.sampling.EpochPlan`) call them;
 inner code trusts what they let through.
 """
 
@@ -61,7 +61,7 @@ def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
 
 def check_seed(name: str, value: Any) -> int:
     """``value`` as a Python ``int`` in ``[0, 2**64)``: a seed or an epoch, which every random
-    stream encodes in 64 bits (:mod:`lance_prefetch.sampling`, "Seeds").
+    stream encodes in 64 bits (:mod:`lance_prefetch.plan.sampling`, "Seeds").
 
     Raises:
         TypeError: not an integer (or a bool).
@@ -395,7 +395,7 @@ def check_weights(value: Any, *, shuffle: bool) -> tuple[float, ...] | None:
     proportions, one per dataset of a list ``source``; normalised to sum to 1, also near the
     float limits: ``[1e308, 1e308]`` is ``(0.5, 0.5)``), only with ``shuffle=True``. A weight
     too small next to the largest for a float comes back ``0.0``; the mixture then refuses it
-    (it gives its dataset no row an epoch: :class:`~lance_prefetch._multi.MixtureSource`).
+    (it gives its dataset no row an epoch: :class:`~lance_prefetch.sources._multi.MixtureSource`).
 
     Raises:
         TypeError: not a list of numbers. ValueError: fewer than two, one not finite or

@@ -7,12 +7,12 @@ Pure code: no Lance, no I/O. A state is JSON-serializable and a few hundred byte
      "permutation": "array", "filter": None, "split": None, "datasets": None, "weights": None}
 
 ``position`` counts the global batches of ``epoch`` (over all ranks) delivered to the training loop
-before the next one; see :mod:`lance_prefetch.sampling` for how a plan resumes from it, also with
+before the next one; see :mod:`lance_prefetch.plan.sampling` for how a plan resumes from it, also with
 another ``world_size``.
 
-``permutation`` is the kind of the epoch's order (:mod:`lance_prefetch.permutation`):
+``permutation`` is the kind of the epoch's order (:mod:`lance_prefetch.plan.permutation`):
 ``"array"``, ``"lazy"``, or ``"identity"`` for ``shuffle=False``. ``filter`` (the predicate) and
-``split`` (the :meth:`~lance_prefetch.splits.Split.to_state` dict) say which rows a loader reads
+``split`` (the :meth:`~lance_prefetch.plan.splits.Split.to_state` dict) say which rows a loader reads
 (``None``: every row); its ``num_rows`` and ``position`` count the selected rows. ``datasets``
 lists each dataset of a list ``source`` as ``{"uri", "version", "num_rows"}``, in order
 (``"uri"`` and ``"version"`` are then the first one's), and ``weights`` a mixture's normalised
@@ -22,7 +22,7 @@ differ); the refusal names each that differs (for several datasets, the first da
 differs).
 
 Formats 1 to 4 were saved by lance-prefetch versions before the seed rule of
-:mod:`lance_prefetch.sampling` ("Seeds"), whose permutations differ from this version's: such a
+:mod:`lance_prefetch.plan.sampling` ("Seeds"), whose permutations differ from this version's: such a
 state is refused (``ValueError``) rather than resumed in another order, which would deliver some
 rows twice and others never. Start that epoch afresh: call ``loader.set_epoch(state["epoch"])``
 instead of ``load_state_dict``.
@@ -35,7 +35,7 @@ resume with other ``num_workers`` or ``world_size``, merge them with :func:`stat
 
 A loader with ``audit=True`` also saves ``"audit"``, the coverage audit's record of the epoch's
 global batches consumed before ``position``, as ``[start, stop)`` intervals, ascending and not
-overlapping, within the epoch's end (:func:`~lance_prefetch._positions.end_position`)::
+overlapping, within the epoch's end (:func:`~lance_prefetch.plan._positions.end_position`)::
 
     "audit": [[0, 34]]
 
@@ -43,7 +43,7 @@ One interval (16 bytes as two 64-bit integers; about ten characters of JSON) unl
 was resumed from a state without one, and never more than one per resume. It is the union of
 the loaded state's record and ``[start, position)`` of the iteration that read since, so a
 resumed iteration's audit counts those batches' rows as delivered and checks the whole epoch
-(:mod:`lance_prefetch._audit`): a batch lost or replayed at a resume is named. Like the rest of
+(:mod:`lance_prefetch.audit._wiring`): a batch lost or replayed at a resume is named. Like the rest of
 the state it describes global positions, the same on every rank. The key is optional: without
 it (``audit=False`` when saved, or a version before it, which also ignores it) the audit of a
 resumed epoch covers the rows from ``position`` on, and its report says so. A DataLoader
@@ -64,7 +64,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ._positions import end_position, merge_worker_states
+from lance_prefetch.plan._positions import end_position, merge_worker_states
 
 __all__ = [
     "FORMAT_VERSION",
@@ -193,7 +193,7 @@ def check_state(
         raise ValueError(
             f"state['format_version'] is {state['format_version']}: the state was saved by an "
             f"earlier lance-prefetch, whose permutations differ from this version's (the seed "
-            f"rule of lance_prefetch.sampling), so it cannot resume in the same order; start the "
+            f"rule of lance_prefetch.plan.sampling), so it cannot resume in the same order; start the "
             f"epoch afresh: call loader.set_epoch({state['epoch']}) instead of load_state_dict"
         )
     if state["format_version"] != FORMAT_VERSION:

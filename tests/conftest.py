@@ -135,7 +135,7 @@ def permutation_kind(request, monkeypatch):
     size (``LAZY_THRESHOLD = 0``), in passes of 32 rows and groups of 50 rows of batches, so that
     batches are computed a few at a time and some are split across passes."""
     if request.param == "lazy":
-        from lance_prefetch import permutation, sampling
+        from lance_prefetch.plan import permutation, sampling
 
         monkeypatch.setattr(permutation, "LAZY_THRESHOLD", 0)
         monkeypatch.setattr(permutation, "CHUNK_ROWS", 32)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import lance_prefetch
 
@@ -69,3 +71,25 @@ def test_no_keyword_arguments_are_forwarded_blindly():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.kwarg:
                 found.append(f"{name}.{node.name}(**{node.args.kwarg.arg})")
     assert found == []
+
+
+def test_the_layers_hold():
+    """import-linter's contracts (pyproject.toml): each wing imports only the wings below it,
+    planning imports no I/O, scheduling no Lance, and only the sources call Lance."""
+    linter = pathlib.Path(sys.executable).with_name("lint-imports")
+    run = subprocess.run([str(linter)], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "4 kept, 0 broken" in run.stdout
+
+
+def test_no_code_is_kept_from_the_formatter():
+    """No line is kept from ``ruff format`` by a skip or off marker: it lays out every line."""
+    markers = ("fmt: " + "skip", "fmt: " + "off")  # spelt apart, so that this file holds neither
+    marked = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}"
+        for folder in ("lance_prefetch", "tests", "benchmarks", "examples")
+        for path in sorted((PACKAGE.parent / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if any(marker in line for marker in markers)
+    ]
+    assert marked == []

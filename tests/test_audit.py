@@ -1,5 +1,5 @@
 """The coverage audit (``PrefetchLoader(audit=True)``): the record and the check on their own
-(lance_prefetch._bitset, lance_prefetch._coverage), and end to end on every read mode, on two
+(lance_prefetch.audit._bitset, lance_prefetch.audit._coverage), and end to end on every read mode, on two
 ranks through ``audit_dir`` and through a real gloo group, through DataLoader workers, with
 faults injected through the hand-out seam (``_iteration.deliveries``) and caught with their
 exact row ids."""
@@ -16,12 +16,14 @@ from support.audit_runs import FAULTS, duplicate_in_worker_1, faulty, gloo_rank,
 from support.helpers import WORKERS, batch_ids, expected_rank_ids, stopping
 from torch.utils.data import DataLoader
 
-from lance_prefetch import AuditReport, CoverageError, PrefetchLoader, _bitset, _iteration
-from lance_prefetch._audit import choose_exchange
-from lance_prefetch._bitset import CoverageRecord
-from lance_prefetch._config import LoaderConfig
-from lance_prefetch._coverage import Share, ShareCount, check, complete, expected_deliveries
-from lance_prefetch.sampling import EpochPlan
+from lance_prefetch import AuditReport, CoverageError, PrefetchLoader
+from lance_prefetch.audit import _bitset
+from lance_prefetch.audit._bitset import CoverageRecord
+from lance_prefetch.audit._coverage import Share, ShareCount, check, complete, expected_deliveries
+from lance_prefetch.audit._wiring import choose_exchange
+from lance_prefetch.loader import _iteration
+from lance_prefetch.loader._config import LoaderConfig
+from lance_prefetch.plan.sampling import EpochPlan
 
 # -- the record and the check, pure --------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import pytest
 from support.audit_runs import read_to_end
 
 from lance_prefetch import CoverageError, PrefetchLoader
-from lance_prefetch._facade import loader_identity
+from lance_prefetch.loader._facade import loader_identity
 from lance_prefetch.state import check_state
 
 

@@ -26,7 +26,7 @@ from lance_prefetch._bench.config import BenchConfig  # noqa: E402
 from lance_prefetch._bench.data import write_synthetic  # noqa: E402
 from lance_prefetch._bench.latency_proxy import Latency  # noqa: E402
 from lance_prefetch._bench.run import run_bench  # noqa: E402
-from lance_prefetch.sampling import EpochPlan  # noqa: E402
+from lance_prefetch.plan.sampling import EpochPlan  # noqa: E402
 
 
 @pytest.fixture

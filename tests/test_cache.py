@@ -17,9 +17,9 @@ import pytest
 from support.helpers import WORKERS, batch_ids, collect, expected_rank_ids
 
 from lance_prefetch import BatchLoadError, PrefetchLoader, RetryPolicy
-from lance_prefetch._cache import DiskCache, MemoryCache
-from lance_prefetch._source import LanceSource
-from lance_prefetch.convert import fixed_row_bytes
+from lance_prefetch.cache._disk import DiskCache, MemoryCache
+from lance_prefetch.convert._arrow import fixed_row_bytes
+from lance_prefetch.sources._lance import LanceSource
 
 CACHES = ["memory", "disk"]
 

@@ -24,10 +24,10 @@ from support.disks import LANCE_ENOSPC, SmallDisk
 from support.helpers import batch_ids, checkout_env, expected_rank_ids
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
-from lance_prefetch import _cache_files as cache_files
-from lance_prefetch._cache_files import RECORD, check_copy
-from lance_prefetch._filling import THREAD_NAME
-from lance_prefetch._source import LanceSource
+from lance_prefetch.cache import _files as cache_files
+from lance_prefetch.cache._files import RECORD, check_copy
+from lance_prefetch.cache._filling import THREAD_NAME
+from lance_prefetch.sources._lance import LanceSource
 
 FIXES = (
     "nothing of it was kept. Free space there, pass cache_dir= a folder on a disk with room, or "
@@ -338,7 +338,7 @@ def test_what_killed_fills_left_is_removed_by_the_next_fill_of_that_copy(ids_100
 _SLOW_FILL = """
 import sys, time
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._source import LanceSource
+from lance_prefetch.sources._lance import LanceSource
 
 scan = LanceSource.scan
 

@@ -16,7 +16,11 @@ import torch
 from support.helpers import batch_ids, expected_rank_ids, loop_threads, wait_until
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
-from lance_prefetch._coalesce import (
+from lance_prefetch.cache._gathered import gathered
+from lance_prefetch.convert._arrow import to_tensors
+from lance_prefetch.loader._config import LoaderConfig
+from lance_prefetch.loader._iteration import BatchReader
+from lance_prefetch.plan._coalesce import (
     LONE_READ,
     MERGE_GAP,
     TARGET_ROWS,
@@ -31,13 +35,9 @@ from lance_prefetch._coalesce import (
     split,
     take_memory,
 )
-from lance_prefetch._config import LoaderConfig
-from lance_prefetch._gathered import gathered
-from lance_prefetch._iteration import BatchReader
-from lance_prefetch._source import LanceSource
-from lance_prefetch._uris import remote
-from lance_prefetch.convert import to_tensors
-from lance_prefetch.sampling import EpochPlan, PlannedBatch
+from lance_prefetch.plan.sampling import EpochPlan, PlannedBatch
+from lance_prefetch.sources._lance import LanceSource
+from lance_prefetch.sources._uris import remote
 
 
 @pytest.mark.parametrize(

@@ -42,8 +42,8 @@ from support.writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
 from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
-from lance_prefetch._config import SourceOptions
-from lance_prefetch._source import LanceSource, ShortReadError
+from lance_prefetch.sources._lance import LanceSource, ShortReadError
+from lance_prefetch.sources._options import SourceOptions
 
 WRITERS = Path(__file__).parent / "support" / "writers.py"
 #: every ``take`` held by HeldTakes gives up after this long (a test never hangs on a gate)

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from lance_prefetch.convert import check_schema, fixed_row_bytes, to_tensors
+from lance_prefetch.convert._arrow import check_schema, fixed_row_bytes, to_tensors
 
 
 def fixed(values, *sizes):

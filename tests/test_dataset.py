@@ -26,7 +26,7 @@ from support.helpers import (
 from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
-from lance_prefetch._source import LanceSource
+from lance_prefetch.sources._lance import LanceSource
 
 
 def test_batches_are_dicts_of_tensors_in_permutation_order(make_loader, ids_1003):

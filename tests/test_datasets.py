@@ -22,9 +22,10 @@ from support.fakes import ids_table
 from support.helpers import WORKERS, batch_ids, collect
 from torch.utils.data import ChainDataset, DataLoader
 
-from lance_prefetch import PrefetchLoader, _multi
-from lance_prefetch._mixture import epoch_length, mixture_counts
-from lance_prefetch.permutation import make_permutation
+from lance_prefetch import PrefetchLoader
+from lance_prefetch.plan._mixture import epoch_length, mixture_counts
+from lance_prefetch.plan.permutation import make_permutation
+from lance_prefetch.sources import _multi
 
 LOCAL, LOCAL_ROWS, S3_ROWS = 10_000, 130, 70  # 200 rows: 20 batches of 10, 10 a rank of 2
 

@@ -15,7 +15,7 @@ from support.helpers import WORKERS
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._device import DeviceFeed, Placement, check_placement, to_device
+from lance_prefetch.convert._device import DeviceFeed, Placement, check_placement, to_device
 
 
 def test_options_are_checked_before_any_io():
@@ -38,7 +38,7 @@ def test_a_device_whose_backend_is_missing_is_refused(monkeypatch):
 
 
 def test_pin_memory_without_an_accelerator_warns_where_the_loader_is_built(ids_25, monkeypatch):
-    monkeypatch.setattr("lance_prefetch._device._accelerator_available", lambda: False)
+    monkeypatch.setattr("lance_prefetch.convert._device._accelerator_available", lambda: False)
     with pytest.warns(UserWarning, match="no accelerator is found") as caught:
         loader = PrefetchLoader(ids_25, 5, pin_memory=True)
     assert caught[0].filename == __file__
@@ -47,14 +47,14 @@ def test_pin_memory_without_an_accelerator_warns_where_the_loader_is_built(ids_2
 
 def test_pinning_runs_in_the_read_threads(ids_25, monkeypatch):
     """With an accelerator, each batch goes through torch's own pin_memory after the transform."""
-    monkeypatch.setattr("lance_prefetch._device._accelerator_available", lambda: True)
+    monkeypatch.setattr("lance_prefetch.convert._device._accelerator_available", lambda: True)
     pinned = []
 
     def fake_pin(batch):
         pinned.append(batch["id"].tolist())
         return {**batch, "pinned": True}
 
-    monkeypatch.setattr("lance_prefetch._device._pin", fake_pin)
+    monkeypatch.setattr("lance_prefetch.convert._device._pin", fake_pin)
     loader = PrefetchLoader(ids_25, 5, columns=["id"], transform=lambda b: {"id": b["id"] * 2})
     expected = [[2 * i for i in b.indices.tolist()] for b in loader.epoch_plan(0).rank_batches(0)]
     loader = PrefetchLoader(
@@ -210,7 +210,7 @@ def test_the_step_waits_for_its_own_copy_only(monkeypatch):
     takes = Takes([[0], [1], [2]])
     log = takes.log
     monkeypatch.setattr(torch, "meta", FakeStreams(log), raising=False)
-    monkeypatch.setattr("lance_prefetch._device._record", lambda batch, stream: None)
+    monkeypatch.setattr("lance_prefetch.convert._device._record", lambda batch, stream: None)
     f = feed(takes)
     for _ in range(3):
         f.next()
@@ -243,7 +243,7 @@ def test_a_failed_copy_ends_the_iteration_after_the_batch_before_it(ids_1003, mo
             raise RuntimeError("copy failed")
         return real(batch, device)
 
-    monkeypatch.setattr("lance_prefetch._device.to_device", flaky)
+    monkeypatch.setattr("lance_prefetch.convert._device.to_device", flaky)
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], device="meta")
     iterator = iter(loader)
     assert [next(iterator)["id"].device.type for _ in range(3)] == ["meta"] * 3

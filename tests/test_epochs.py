@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import pickle
 
-from lance_prefetch._epochs import (
+from lance_prefetch.loader._epochs import (
     ADVANCE,
     EPOCH,
     SLOT_COUNT,
@@ -14,7 +14,7 @@ from lance_prefetch._epochs import (
     begin,
     iteration_ident,
 )
-from lance_prefetch._positions import Decision, DeliveryCounter
+from lance_prefetch.plan._positions import Decision, DeliveryCounter
 
 FRESH = EpochControl()._block.tolist()
 

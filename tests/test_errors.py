@@ -43,7 +43,7 @@ AT_ONCE = 1.0
 
 
 def permutation(num_rows: int, seed: int = 0, epoch: int = 0) -> list[int]:
-    """The documented rule (lance_prefetch.sampling, rule 1 and "Seeds"), computed here without
+    """The documented rule (lance_prefetch.plan.sampling, rule 1 and "Seeds"), computed here without
     the library."""
     rows = np.arange(num_rows)
     np.random.Generator(np.random.PCG64(epoch_sequence(seed, epoch))).shuffle(rows)

@@ -1,4 +1,4 @@
-"""Hedged takes: the policy and its budget (lance_prefetch._hedging), the prefetcher racing a late
+"""Hedged takes: the policy and its budget (lance_prefetch.schedule._hedging), the prefetcher racing a late
 fetch against its hedge (fake fetches, no Lance), and a loader whose ``take`` stalls for chosen
 rows (a real local dataset)."""
 
@@ -13,11 +13,11 @@ import pytest
 from support.helpers import loop_threads, wait_until
 
 from lance_prefetch import HedgePolicy, PrefetchLoader, RetryPolicy
-from lance_prefetch._blocking import BlockingPrefetcher
-from lance_prefetch._config import LoaderConfig
-from lance_prefetch._hedging import BURST, Hedger, resolve_hedge
-from lance_prefetch._prefetcher import Prefetcher
-from lance_prefetch._source import LanceSource
+from lance_prefetch.loader._config import LoaderConfig
+from lance_prefetch.schedule._blocking import BlockingPrefetcher
+from lance_prefetch.schedule._hedging import BURST, Hedger, resolve_hedge
+from lance_prefetch.schedule._prefetcher import Prefetcher
+from lance_prefetch.sources._lance import LanceSource
 
 #: Hedges as soon as a take runs past 3x the median of the latest ones (after 5 of them).
 EAGER = HedgePolicy(percentile=95.0, min_slowdown=3.0, budget=1.0, min_samples=5)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support.helpers import checkout_env
 
-from lance_prefetch._interrupts import call_holding_sigint, sigint_deferred
+from lance_prefetch.lifecycle._interrupts import call_holding_sigint, sigint_deferred
 
 SCRIPT = Path(__file__).parent / "support" / "interrupt_script.py"
 
@@ -219,7 +219,7 @@ def test_a_sigint_while_the_loop_thread_starts_raises_from_next_and_leaves_no_th
 
 RECOVER_SCRIPT = """
 import time
-from lance_prefetch._interrupts import recover_interrupts_in
+from lance_prefetch.lifecycle._interrupts import recover_interrupts_in
 
 class Iterator:
     def __del__(self):

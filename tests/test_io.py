@@ -13,10 +13,10 @@ from conftest import write_ids
 from support.helpers import expected_rank_ids
 
 from lance_prefetch import LanceMapDataset, PrefetchLoader
-from lance_prefetch import _source as source_module
-from lance_prefetch._config import SourceOptions
-from lance_prefetch._source import LanceSource
-from lance_prefetch._uris import uring_uri
+from lance_prefetch.sources import _lance as source_module
+from lance_prefetch.sources._lance import LanceSource
+from lance_prefetch.sources._options import SourceOptions
+from lance_prefetch.sources._uris import uring_uri
 
 
 def epoch(loader) -> list[dict[str, list]]:

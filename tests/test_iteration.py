@@ -1,4 +1,4 @@
-"""One loader iteration without Lance (lance_prefetch._iteration over a FakeSource): groups read
+"""One loader iteration without Lance (lance_prefetch.loader._iteration over a FakeSource): groups read
 with one take each and handed out batch by batch in plan order, delivered batches counted, and
 failures named for the training loop."""
 
@@ -9,13 +9,13 @@ import pytest
 from support.fakes import FakeSource
 
 from lance_prefetch import BatchLoadError
-from lance_prefetch._coalesce import groups
-from lance_prefetch._iteration import BatchReader, LoaderIterator
-from lance_prefetch._positions import Decision, DeliveryCounter
-from lance_prefetch._prefetcher import Prefetcher
-from lance_prefetch._telemetry import Telemetry
-from lance_prefetch.retry import RetryPolicy
-from lance_prefetch.sampling import EpochPlan
+from lance_prefetch.loader._iteration import BatchReader, LoaderIterator
+from lance_prefetch.loader._telemetry import Telemetry
+from lance_prefetch.plan._coalesce import groups
+from lance_prefetch.plan._positions import Decision, DeliveryCounter
+from lance_prefetch.plan.sampling import EpochPlan
+from lance_prefetch.schedule._prefetcher import Prefetcher
+from lance_prefetch.schedule.retry import RetryPolicy
 
 
 def iterate(source, plan, *, coalesce=3, transform=None, retry=None, rank=0):

@@ -31,7 +31,7 @@ import pytest
 from support.helpers import batch_ids, checkout_env, expected_rank_ids, loop_threads
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._shutdown import CLOSE_WAIT_S, EXIT_WAIT_S
+from lance_prefetch.lifecycle._shutdown import CLOSE_WAIT_S, EXIT_WAIT_S
 
 HERE = Path(__file__).parent
 
@@ -74,7 +74,7 @@ SCRIPT = textwrap.dedent(
             time.sleep(0.01)
     elif mode.startswith("in-lance-"):  # then break, raise, sigint or timeout
         from lance_prefetch import RetryPolicy
-        from lance_prefetch._source import LanceSource
+        from lance_prefetch.sources._lance import LanceSource
 
         how = mode[len("in-lance-"):]
         if how == "timeout":  # a take running past 1 s is abandoned and tried again
@@ -466,8 +466,8 @@ GUARD_SCRIPT = textwrap.dedent(
 
     atexit.register(lambda: print("earlier hook ran", flush=True))  # runs after lance_prefetch's
 
-    from lance_prefetch import _shutdown
-    from lance_prefetch._exit_guard import native_call
+    from lance_prefetch.lifecycle import _shutdown
+    from lance_prefetch.lifecycle._exit_guard import native_call
 
     def late_read():  # a hook that runs after lance_prefetch's: no Lance call starts any more
         try:
@@ -571,7 +571,7 @@ class StuckTakes:
     threads that blocked."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, batches: list[list[int]]) -> None:
-        from lance_prefetch._source import LanceSource
+        from lance_prefetch.sources._lance import LanceSource
 
         self.released = threading.Event()
         self.started = threading.Event()

@@ -14,7 +14,7 @@ from support.helpers import WORKERS, stopping
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
 from lance_prefetch import LanceMapDataset, PrefetchLoader, collate
-from lance_prefetch._mapstyle import ColumnBatch
+from lance_prefetch.loader._mapstyle import ColumnBatch
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_rows_and_batches_in_index_order(six_rows):
 
 
 def test_one_take_per_batch(six_rows, monkeypatch):
-    from lance_prefetch._source import LanceSource
+    from lance_prefetch.sources._lance import LanceSource
 
     calls = []
     original = LanceSource.take

@@ -21,7 +21,7 @@ import pytest
 from support.helpers import checkout_env, expected_rank_ids
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._source import LanceSource
+from lance_prefetch.sources._lance import LanceSource
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 KIB, MIB = 2**10, 2**20

@@ -1,4 +1,4 @@
-"""Tests for lance_prefetch.permutation: the lazy kind is an exact, uniform, constant-memory
+"""Tests for lance_prefetch.plan.permutation: the lazy kind is an exact, uniform, constant-memory
 permutation; plans and loaders keep every guarantee with it. (The exactness tests of
 tests/test_sampling.py also run with the lazy kind, through its ``kind`` fixture.)"""
 
@@ -16,15 +16,16 @@ import pytest
 from scipy import stats
 from support.helpers import batch_ids, collect, epoch_sequence
 
-from lance_prefetch import PrefetchLoader, permutation
-from lance_prefetch.permutation import (
+from lance_prefetch import PrefetchLoader
+from lance_prefetch.plan import permutation
+from lance_prefetch.plan.permutation import (
     ArrayPermutation,
     LazyPermutation,
     index_dtype,
     make_permutation,
     resolve_kind,
 )
-from lance_prefetch.sampling import EpochPlan
+from lance_prefetch.plan.sampling import EpochPlan
 
 P_MIN = 1e-3  # chi-square tests: fail below this p-value (every input is seeded: deterministic)
 

@@ -1,4 +1,4 @@
-"""Tests for the column types a source reads (lance_prefetch._projection through LanceSource and
+"""Tests for the column types a source reads (lance_prefetch.convert._projection through LanceSource and
 the loader): ``fixed_shape_tensor`` columns, blob columns, nested paths (``"a.b"``) and structs
 (a Hugging Face ``Image()`` column), on real Lance datasets whose ``id`` is each row's position,
 in every read mode (the ``make_loader`` fixture: per take, coalesced, memory and disk caches)."""
@@ -16,8 +16,8 @@ import torch
 from torch.utils.data import default_collate
 
 from lance_prefetch import LanceMapDataset, PrefetchLoader, collate
-from lance_prefetch._config import SourceOptions
-from lance_prefetch._source import LanceSource
+from lance_prefetch.sources._lance import LanceSource
+from lance_prefetch.sources._options import SourceOptions
 
 BLOB = {"lance-encoding:blob": "true"}
 
@@ -150,8 +150,8 @@ def test_blobs_are_read_in_the_order_asked_repeats_included(tmp_path, version):
 def test_fewer_blobs_than_offsets_is_a_short_read(blobs_60, monkeypatch):
     """Blobs missing from Lance's answer are a ``ShortReadError`` (never retried), not a
     shorter batch."""
-    from lance_prefetch import _source
-    from lance_prefetch._source import ShortReadError
+    from lance_prefetch.sources import _lance as _source
+    from lance_prefetch.sources._lance import ShortReadError
 
     read = _source._read_blobs
     monkeypatch.setattr(_source, "_read_blobs", lambda *args: read(*args)[:-1])

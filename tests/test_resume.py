@@ -81,7 +81,7 @@ def test_a_state_of_an_earlier_version_is_refused(ids_1003, format_version):
     assert str(info.value) == (
         f"state['format_version'] is {format_version}: the state was saved by an earlier "
         f"lance-prefetch, whose permutations differ from this version's (the seed rule of "
-        f"lance_prefetch.sampling), so it cannot resume in the same order; start the epoch "
+        f"lance_prefetch.plan.sampling), so it cannot resume in the same order; start the epoch "
         f"afresh: call loader.set_epoch(2) instead of load_state_dict"
     )
 
@@ -404,7 +404,7 @@ def test_detected_ranks_follow_the_process_and_workers_read_their_parents(ids_10
     environment; given ranks always win."""
     import torch.distributed as dist
 
-    from lance_prefetch._ranks import Ranks
+    from lance_prefetch.loader._ranks import Ranks
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")

@@ -1,5 +1,5 @@
-"""Retries and per-fetch timeouts: the policy (lance_prefetch.retry) and the prefetcher running it
-(lance_prefetch._prefetcher, lance_prefetch._blocking), with fake fetch functions (no Lance)."""
+"""Retries and per-fetch timeouts: the policy (lance_prefetch.schedule.retry) and the prefetcher running it
+(lance_prefetch.schedule._prefetcher, lance_prefetch.schedule._blocking), with fake fetch functions (no Lance)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import tenacity
 from support.helpers import loop_threads, wait_until
 
 from lance_prefetch import RetryPolicy
-from lance_prefetch._blocking import BlockingPrefetcher
-from lance_prefetch._prefetcher import FetchError, Prefetcher
-from lance_prefetch._source import ShortReadError
-from lance_prefetch.retry import is_transient
+from lance_prefetch.schedule._blocking import BlockingPrefetcher
+from lance_prefetch.schedule._prefetcher import FetchError, Prefetcher
+from lance_prefetch.schedule.retry import is_transient
+from lance_prefetch.sources._lance import ShortReadError
 
 FAST = {"backoff": 0.01, "max_backoff": 0.02}  # retries without slowing the tests down
 

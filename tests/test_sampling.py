@@ -1,4 +1,4 @@
-"""Tests for lance_prefetch.sampling: pure planning, no I/O."""
+"""Tests for lance_prefetch.plan.sampling: pure planning, no I/O."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from support.helpers import epoch_sequence
 
-from lance_prefetch._mixture import dataset_seed
-from lance_prefetch.permutation import LazyPermutation, make_permutation
-from lance_prefetch.sampling import EpochPlan, epoch_permutation, index_dtype
-from lance_prefetch.splits import split_order
+from lance_prefetch.plan._mixture import dataset_seed
+from lance_prefetch.plan.permutation import LazyPermutation, make_permutation
+from lance_prefetch.plan.sampling import EpochPlan, epoch_permutation, index_dtype
+from lance_prefetch.plan.splits import split_order
 
 
 def rank_rows(plan: EpochPlan, rank: int) -> list[list[int]]:

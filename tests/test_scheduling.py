@@ -1,4 +1,4 @@
-"""Tests for the producer and the blocking wrapper (lance_prefetch._prefetcher, _blocking) with fake fetch functions (no Lance, no torch)."""
+"""Tests for the producer and the blocking wrapper (lance_prefetch.schedule._prefetcher, _blocking) with fake fetch functions (no Lance, no torch)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import anyio.to_thread
 import pytest
 from support.helpers import child_exit_code, loop_threads, wait_until
 
-from lance_prefetch import _shutdown, _slots
-from lance_prefetch._blocking import BlockingPrefetcher
-from lance_prefetch._prefetcher import FetchError, Prefetcher
-from lance_prefetch._shutdown import EXIT_WAIT_S
+from lance_prefetch.lifecycle import _shutdown
+from lance_prefetch.lifecycle._shutdown import EXIT_WAIT_S
+from lance_prefetch.schedule import _slots
+from lance_prefetch.schedule._blocking import BlockingPrefetcher
+from lance_prefetch.schedule._prefetcher import FetchError, Prefetcher
 
 
 class FakeFetch:
@@ -305,7 +306,7 @@ def test_a_producer_cancelled_while_handing_out_an_item_finishes_every_slot():
     import asyncio
     import warnings
 
-    from lance_prefetch._prefetcher import PrefetcherClosed
+    from lance_prefetch.schedule._prefetcher import PrefetcherClosed
 
     def plan():
         for item in range(10):

@@ -1,4 +1,4 @@
-"""Tests for lance_prefetch._source: pinning, projection, take by offset, pickling."""
+"""Tests for lance_prefetch.sources._lance: pinning, projection, take by offset, pickling."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lance_prefetch._config import SourceOptions
-from lance_prefetch._source import LanceSource, redact
+from lance_prefetch.sources._lance import LanceSource, redact
+from lance_prefetch.sources._options import SourceOptions
 
 
 def test_take_returns_rows_in_the_requested_order_across_fragments(ids_1003):

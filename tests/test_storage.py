@@ -1,4 +1,4 @@
-"""Tests for lance_prefetch._storage: secret handling, S3 option checks, the endpoint probe and the
+"""Tests for lance_prefetch.sources._storage: secret handling, S3 option checks, the endpoint probe and the
 explanation of Lance's open and read errors (Lance's messages as pylance 14 words them; no server
 needed)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support.s3server import SilentServer, closed_port
 
-from lance_prefetch._storage import (
+from lance_prefetch.sources._storage import (
     check_s3_options,
     explain_missing_files,
     explain_open_error,

@@ -22,8 +22,8 @@ from support.fakes import ids_table
 from support.helpers import batch_ids, collect
 
 from lance_prefetch import PrefetchLoader, Split
-from lance_prefetch._subset import Subset
-from lance_prefetch.splits import key_hashes, key_parts, part_positions, split_sizes
+from lance_prefetch.plan.splits import key_hashes, key_parts, part_positions, split_sizes
+from lance_prefetch.sources._subset import Subset
 
 FILTER = "label < 4"  # 227 of the 567 live rows
 FRACTIONS = {"train": 0.7, "validation": 0.2, "test": 0.1}
@@ -520,7 +520,7 @@ def test_a_key_split_takes_a_struct_field_by_its_path(tmp_path):
 
 
 def test_key_hashes_are_the_documented_formula():
-    """The hash written out in :mod:`lance_prefetch.splits`, computed here in Python integers."""
+    """The hash written out in :mod:`lance_prefetch.plan.splits`, computed here in Python integers."""
     mask = 2**64 - 1
 
     def fmix(z):

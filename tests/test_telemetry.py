@@ -13,7 +13,7 @@ import pytest
 from support.helpers import expected_rank_ids
 
 from lance_prefetch import LoaderStats, PrefetchLoader
-from lance_prefetch._telemetry import LATENCIES, Telemetry
+from lance_prefetch.loader._telemetry import LATENCIES, Telemetry
 
 
 class Clock:

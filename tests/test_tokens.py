@@ -1,4 +1,4 @@
-"""Token sequences (lance_prefetch.tokens): padding and its mask equal a plain Python reference
+"""Token sequences (lance_prefetch.convert.tokens): padding and its mask equal a plain Python reference
 (Hugging Face's ``tokenizer.pad`` rules), packing keeps every token of a batch once and in order
 with its boundaries, and through a real loader over a Lance dataset the packed batches resume
 exactly."""
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from lance_prefetch import BatchLoadError, LanceMapDataset, PrefetchLoader
-from lance_prefetch.convert import to_tensors
-from lance_prefetch.tokens import PackTokens, PadTokens
+from lance_prefetch.convert._arrow import to_tensors
+from lance_prefetch.convert.tokens import PackTokens, PadTokens
 
 #: a batch of documents as the loader converts a list<int32> column: empty rows included
 DOCS = [[5, 6, 7], [], [8], [9, 10, 11, 12, 13], [], [14, 15]]

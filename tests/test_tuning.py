@@ -12,11 +12,10 @@ import pytest
 from support.helpers import batch_ids, expected_rank_ids, wait_until
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._blocking import THREAD_NAME, BlockingPrefetcher
-from lance_prefetch._config import LoaderConfig
-from lance_prefetch._prefetcher import Prefetcher
-from lance_prefetch._source import LanceSource
-from lance_prefetch._tuning import (
+from lance_prefetch.loader._config import LoaderConfig
+from lance_prefetch.schedule._blocking import THREAD_NAME, BlockingPrefetcher
+from lance_prefetch.schedule._prefetcher import Prefetcher
+from lance_prefetch.schedule._tuning import (
     CALM_PERIODS,
     JUDGE_PERIODS,
     MAX_LEVEL,
@@ -26,6 +25,7 @@ from lance_prefetch._tuning import (
     Bounds,
     DepthTuner,
 )
+from lance_prefetch.sources._lance import LanceSource
 
 
 def make_tuner(**options) -> DepthTuner:

@@ -16,8 +16,8 @@ from support.helpers import batch_ids, expected_rank_ids
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._frameworks import EpochSetter
-from lance_prefetch.lightning import LoaderEpochs
+from lance_prefetch.integrations._frameworks import EpochSetter
+from lance_prefetch.integrations.lightning import LoaderEpochs
 
 
 def test_an_iterable_dataset_shard_passes_every_batch_through(ids_1003):

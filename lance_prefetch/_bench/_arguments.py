@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._spec import KINDS, PEER_KINDS
-from .config import BenchConfig
-from .latency_proxy import Latency
+from lance_prefetch._bench._spec import KINDS, PEER_KINDS
+from lance_prefetch._bench.config import BenchConfig
+from lance_prefetch._bench.latency_proxy import Latency
 
 __all__ = ["add_arguments", "config_from_args"]
 

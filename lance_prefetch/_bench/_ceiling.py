@@ -9,8 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from ._measure import MIB, ids_record, latency_stats
-from ._spec import THROUGHPUT_EPOCH, WARMUP_EPOCH, ContenderSpec, open_dataset, plan_batches
+from lance_prefetch._bench._measure import MIB, ids_record, latency_stats
+from lance_prefetch._bench._spec import (
+    THROUGHPUT_EPOCH,
+    WARMUP_EPOCH,
+    ContenderSpec,
+    open_dataset,
+    plan_batches,
+)
 
 
 def run_ceiling(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import psutil
 
-from ._process import ManagedProcess
-from ._spec import ContenderSpec
+from lance_prefetch._bench._process import ManagedProcess
+from lance_prefetch._bench._spec import ContenderSpec
 
 _MIB = 2**20
 POLL_S = 0.1

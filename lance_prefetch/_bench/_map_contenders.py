@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..convert import to_tensors
-from ._spec import ContenderSpec, open_dataset, plan_batches
+from lance_prefetch._bench._spec import ContenderSpec, open_dataset, plan_batches
+from lance_prefetch.convert._arrow import to_tensors
 
 __all__ = ["LanceMap", "LanceMapRows", "MapStyle", "TakeDataset"]
 
@@ -114,7 +114,7 @@ class _TimedMapDataset(torch.utils.data.Dataset):
     batch as ``"__take_s__"`` (summed over the row takes for ``rows=True``)."""
 
     def __init__(self, spec: ContenderSpec, *, rows: bool) -> None:
-        from .. import LanceMapDataset
+        from lance_prefetch import LanceMapDataset
 
         self.dataset = LanceMapDataset(
             spec.uri,
@@ -128,7 +128,7 @@ class _TimedMapDataset(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitems__(self, indices: list[int]) -> Any:
-        from .. import collate
+        from lance_prefetch import collate
 
         started = time.perf_counter()
         if self.rows:  # what the DataLoader does without __getitems__: one row at a time

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..convert import to_tensors
-from ._spec import ContenderSpec, close_iterator, open_dataset, plan_batches
+from lance_prefetch._bench._spec import ContenderSpec, close_iterator, open_dataset, plan_batches
+from lance_prefetch.convert._arrow import to_tensors
 
 __all__ = [
     "Grain",

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..sampling import EpochPlan
+from lance_prefetch.plan.sampling import EpochPlan
 
 __all__ = [
     "ContenderSpec",

@@ -19,8 +19,8 @@ def _tick() -> None:
 
 def main(argv: list[str]) -> int:
     spec_path, result_path = argv
-    from ._spec import ContenderSpec
-    from .contenders import run_contender
+    from lance_prefetch._bench._spec import ContenderSpec
+    from lance_prefetch._bench.contenders import run_contender
 
     with open(spec_path) as file:
         spec = ContenderSpec(**json.load(file))

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._spec import DEFAULT_KINDS, KINDS
-from .latency_proxy import Latency
+from lance_prefetch._bench._spec import DEFAULT_KINDS, KINDS
+from lance_prefetch._bench.latency_proxy import Latency
 
 __all__ = ["BenchConfig"]
 

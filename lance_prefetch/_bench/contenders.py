@@ -1,7 +1,7 @@
 """The contenders, and how one of them is measured (this runs in the contender's own process).
 
 Every contender reads the same dataset version and columns. All but ``lance-torch`` read the same
-batches: the first ``batches`` batches of :class:`~lance_prefetch.sampling.EpochPlan` for
+batches: the first ``batches`` batches of :class:`~lance_prefetch.plan.sampling.EpochPlan` for
 ``(seed, epoch)`` (one rank, ``drop_last=True``), so each epoch they read the same rows, in the same
 batches, in the same order. Each contender:
 
@@ -70,11 +70,10 @@ from typing import Any
 
 import numpy as np
 
-from ..convert import to_tensors
-from ._map_contenders import LanceMap, LanceMapRows, MapStyle
-from ._measure import measure_pass, peak_rss_mib, rss_mib
-from ._peer_contenders import Grain, LanceDBStreaming, Spdl
-from ._spec import (
+from lance_prefetch._bench._map_contenders import LanceMap, LanceMapRows, MapStyle
+from lance_prefetch._bench._measure import measure_pass, peak_rss_mib, rss_mib
+from lance_prefetch._bench._peer_contenders import Grain, LanceDBStreaming, Spdl
+from lance_prefetch._bench._spec import (
     STEP_EPOCH,
     THROUGHPUT_EPOCH,
     WARMUP_EPOCH,
@@ -83,6 +82,7 @@ from ._spec import (
     open_dataset,
     plan_batches,
 )
+from lance_prefetch.convert._arrow import to_tensors
 
 __all__ = ["run_contender"]
 
@@ -178,7 +178,7 @@ class _LancePrefetch:
         self.pass_stats: dict[int, Any] = {}  # epoch -> loader.stats() at the pass's end
 
     def setup(self) -> None:
-        from .. import PrefetchLoader
+        from lance_prefetch import PrefetchLoader
 
         spec = self.spec
         cache: dict[str, Any] = {}
@@ -340,7 +340,7 @@ def run_contender(spec: ContenderSpec, tick: Callable[[], None] | None = None) -
     tick = tick or (lambda: None)
     rss_before = rss_mib()
     if spec.kind == "ceiling":
-        from ._ceiling import run_ceiling
+        from lance_prefetch._bench._ceiling import run_ceiling
 
         result = run_ceiling(spec, tick)
     else:

@@ -39,9 +39,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from . import latency_proxy
-from ._process import ManagedProcess, free_port, wait_for_port
-from .latency_proxy import Latency
+from lance_prefetch._bench import latency_proxy
+from lance_prefetch._bench._process import ManagedProcess, free_port, wait_for_port
+from lance_prefetch._bench.latency_proxy import Latency
 
 __all__ = ["LocalS3", "find_nginx", "find_rclone"]
 

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._spec import UNIFORM
-from .verdicts import (
+from lance_prefetch._bench._spec import UNIFORM
+from lance_prefetch._bench.verdicts import (
     PREFETCH,
     best_prefetch,
     by_name,

@@ -19,11 +19,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .._storage import redact
-from . import _environment as environment
-from ._process import sigint_ignored
-from ._spec import KINDS, UNIFORM, ContenderSpec
-from .config import _LOCAL_SCHEMES, BenchConfig, _scheme
+from lance_prefetch._bench import _environment as environment
+from lance_prefetch._bench._process import sigint_ignored
+from lance_prefetch._bench._spec import KINDS, UNIFORM, ContenderSpec
+from lance_prefetch._bench.config import _LOCAL_SCHEMES, BenchConfig, _scheme
+from lance_prefetch.sources._storage import redact
 
 __all__ = ["BenchConfig", "run_bench"]
 
@@ -67,8 +67,8 @@ def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     finally:
         with sigint_ignored():
             stack.close()
-    from . import report as reporting
-    from . import verdicts
+    from lance_prefetch._bench import report as reporting
+    from lance_prefetch._bench import verdicts
 
     report["meta"]["load_average_end"] = environment.load_average()
     report["ids_check"] = verdicts.check_ids(report["contenders"])  # every run, every round
@@ -86,12 +86,12 @@ def _prepare_storage(
     config: BenchConfig, stack: contextlib.ExitStack, workdir: Path
 ) -> tuple[str, dict[str, str], dict[str, Any]]:
     """(uri, storage options for the contenders, storage description)."""
-    from .data import write_synthetic
+    from lance_prefetch._bench.data import write_synthetic
 
     options = dict(config.storage_options)
     servers = None
     if config.local_s3:
-        from .local_s3 import LocalS3
+        from lance_prefetch._bench.local_s3 import LocalS3
 
         s3 = stack.enter_context(LocalS3(latency=config.latency))
         uri = s3.uri("bench.lance")
@@ -124,7 +124,7 @@ def _prepare_storage(
         description = uri if not remote else f"{uri} ({_endpoint(options)})"
     remote = kind != "local disk"
     if config.io == "uring":
-        from .._uris import uring_uri
+        from lance_prefetch.sources._uris import uring_uri
 
         uri = uring_uri(uri)
         description += f", read through Lance's io_uring reader ({uri})"
@@ -288,7 +288,7 @@ def _loader_defaults() -> dict[str, Any]:
     """``PrefetchLoader``'s defaults of the settings the grid varies."""
     import inspect
 
-    from .. import PrefetchLoader
+    from lance_prefetch import PrefetchLoader
 
     parameters = inspect.signature(PrefetchLoader).parameters
     return {name: parameters[name].default for name in ("readahead", "max_in_flight", "coalesce")}
@@ -324,8 +324,8 @@ def _run_contenders(
 ) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    from ._launch import run_isolated
-    from ._peer_contenders import missing_peer
+    from lance_prefetch._bench._launch import run_isolated
+    from lance_prefetch._bench._peer_contenders import missing_peer
 
     settings = _settings(config, dataset)
     base = {

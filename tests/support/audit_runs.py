@@ -33,7 +33,7 @@ def faulty(rank: int, faults: dict[int, tuple[int, str, int]]) -> Any:
 def inject(rank: int, faults: dict[int, tuple[int, str, int]]) -> None:
     """Install :func:`faulty` in this process (a child process of a test; in the test's own
     process use ``monkeypatch``)."""
-    from lance_prefetch import _iteration
+    from lance_prefetch.loader import _iteration
 
     _iteration.deliveries = faulty(rank, faults)
 

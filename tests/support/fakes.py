@@ -1,6 +1,6 @@
 """Sources of rows without Lance, for loader-level tests (:class:`FakeSource`), and a wrapper that
 makes reads of a real source fail on cue (:class:`FlakySource`). Both implement
-``lance_prefetch._source.RowSource`` explicitly."""
+``lance_prefetch.sources._lance.RowSource`` explicitly."""
 
 from __future__ import annotations
 

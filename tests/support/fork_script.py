@@ -28,7 +28,7 @@ import time
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._blocking import THREAD_NAME
+from lance_prefetch.schedule._blocking import THREAD_NAME
 from support.helpers import child_exit_code  # tests/ is on PYTHONPATH (checkout_env)
 
 

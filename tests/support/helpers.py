@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._blocking import THREAD_NAME
+from lance_prefetch.schedule._blocking import THREAD_NAME
 
 #: The multiprocessing context most tests start DataLoader workers in: ``forkserver``, preloaded
 #: with torch, numpy and pyarrow (not Lance: a forkserver that imported Lance gave workers that
@@ -40,7 +40,7 @@ stops_workers_mid_epoch = pytest.mark.filterwarnings(
 
 
 def epoch_sequence(seed: int, epoch: int) -> np.random.SeedSequence:
-    """The ``SeedSequence`` of epoch ``epoch``'s permutation as ``lance_prefetch.sampling``'s
+    """The ``SeedSequence`` of epoch ``epoch``'s permutation as ``lance_prefetch.plan.sampling``'s
     docstring ("Seeds") states it, computed here without the library: the ``uint32`` words
     ``[seed lo, seed hi, 0, 0, 0x45504F43, epoch lo, epoch hi]``."""
     low, high = 0xFFFFFFFF, 32

@@ -26,8 +26,8 @@ import sys
 import threading
 import time
 
-from lance_prefetch._blocking import THREAD_NAME, BlockingPrefetcher
-from lance_prefetch._prefetcher import Prefetcher
+from lance_prefetch.schedule._blocking import THREAD_NAME, BlockingPrefetcher
+from lance_prefetch.schedule._prefetcher import Prefetcher
 
 
 def say(line: str) -> None:

@@ -15,7 +15,7 @@ import json
 import sys
 import tracemalloc
 
-from lance_prefetch.sampling import EpochPlan, index_dtype
+from lance_prefetch.plan.sampling import EpochPlan, index_dtype
 
 
 def allocations(num_rows: int, plan: dict) -> dict[str, int]:

@@ -58,8 +58,8 @@ atexit.register(report)  # before lance_prefetch registers its hook: runs after 
 import pyarrow as pa  # noqa: E402
 
 from lance_prefetch import PrefetchLoader  # noqa: E402
-from lance_prefetch._blocking import THREAD_NAME  # noqa: E402
-from lance_prefetch._source import LanceSource  # noqa: E402
+from lance_prefetch.schedule._blocking import THREAD_NAME  # noqa: E402
+from lance_prefetch.sources._lance import LanceSource  # noqa: E402
 
 
 def say(line: str) -> None:

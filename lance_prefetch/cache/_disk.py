@@ -1,0 +1,336 @@
+"""The cache tier: serve every epoch's uniform random batches from a copy of the projected columns
+that a sequential scan filled once.
+
+Random ``take`` is slow where it reads one row at a time (about one HTTP GET a row on an object
+store, a read a row on local disk); a sequential scan of the same columns is one to two orders of
+magnitude faster. Both caches below are filled by one scan of the pinned version
+(:meth:`~lance_prefetch.sources._lance.LanceSource.scan`, rows in offset order) and then answer
+``take(indices)`` with the same rows in the same order as the dataset would, so sampling,
+exactness and resuming do not change.
+
+- :class:`~lance_prefetch.cache._memory.MemoryCache` (``cache="memory"``) keeps the rows in this
+  process; its fill runs in the background while the first epoch is read by takes, and a filled
+  cache gathers batches straight into tensors (see :mod:`~lance_prefetch.cache._memory`).
+- :class:`DiskCache` (``cache="disk"``) copies the rows once to a local Lance dataset under
+  ``cache_dir``, named by the URI, version, commit time and columns, and takes from it. It is
+  reused across runs and shared by processes (the page cache holds it once for every worker);
+  concurrent fills are serialised by a file lock and published by an atomic rename, so a reader
+  never sees a partial copy. A copy carries the record of its files
+  (:mod:`~lance_prefetch.cache._files`), checked at each open: a damaged one is filled again. A
+  disk that fills during the fill is an ``OSError`` naming ``cache_dir`` and the fixes, and
+  nothing of the copy is kept.
+
+Every column type the loader reads is cached: a blob column's bytes are read by the scan
+(Lance's ``blob_handling="all_binary"``) and held as ``large_binary`` in memory, or stored as a
+blob again in the disk copy; a nested path (``"image.bytes"``) is copied under its struct.
+
+``iter(loader)`` calls ``prepare()`` in each process before the first read (so a fill is never
+a timed, retried ``take``): the disk copy is made (or found) there, and every batch from epoch 0
+on is served from it; the memory cache's fill starts there, in the background. A new dataset
+version has another key, so a cache never serves rows of another version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lance_prefetch._validate import check_folder
+from lance_prefetch.cache._files import (
+    CopyReadError,
+    check_copy,
+    disk_full_message,
+    is_disk_full,
+    remove_leftovers,
+    set_aside,
+    write_record,
+)
+from lance_prefetch.cache._filling import BackgroundFill, FillingCache, FillStopped
+from lance_prefetch.cache._memory import MemoryCache
+from lance_prefetch.convert._arrow import fixed_row_bytes
+from lance_prefetch.sources._lance import LanceSource
+from lance_prefetch.sources._options import SourceOptions
+
+__all__ = ["DiskCache", "MemoryCache", "default_cache_bytes", "default_cache_dir", "with_cache"]
+
+
+def default_cache_bytes() -> int:
+    """Half of this machine's physical memory, in bytes (the default ``cache_bytes``)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):  # not POSIX: a conservative 4 GiB
+        return 4 << 30
+
+
+def default_cache_dir() -> Path:
+    """``$LANCE_PREFETCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/lance-prefetch``, else
+    ``~/.cache/lance-prefetch`` (the default ``cache_dir``)."""
+    explicit = os.environ.get("LANCE_PREFETCH_CACHE_DIR")
+    if explicit:
+        return Path(check_folder("$LANCE_PREFETCH_CACHE_DIR", os.path.expanduser(explicit)))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lance-prefetch"
+
+
+class DiskCache(FillingCache):
+    """A :class:`~lance_prefetch.sources._lance.LanceSource`'s rows copied to a local Lance dataset.
+
+    Args:
+        source (LanceSource): the pinned, projected dataset.
+        cache_dir (str | os.PathLike): where copies live; created if missing.
+
+    The copy is ``cache_dir / <name>-v<version>-<key>.lance``, ``key`` a hash of the URI, version,
+    commit time and columns: another version or projection gets another copy; an existing one is
+    reused (across runs and processes) once :func:`~lance_prefetch.cache._files.check_copy` finds
+    it whole (a ``stat`` a file; a damaged copy is filled again, with a ``RuntimeWarning`` naming
+    the damage). Copies are never deleted by the loader; remove the directory to reclaim the
+    space. ``<copy>.lock`` beside each copy is only the target of the fill's ``flock`` (held by
+    no one once fills end, also when their process was killed).
+
+    Pickles as ``source`` and ``cache_dir``.
+    """
+
+    def __init__(self, source: LanceSource, cache_dir: str | os.PathLike[str]) -> None:
+        self.source = source
+        self.cache_dir = Path(cache_dir).expanduser()
+        key = json.dumps([source.uri, source.version, source.committed, list(source.columns)])
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in _stem(source.uri))
+        self.path = self.cache_dir / f"{name[:48]}-v{source.version}-{digest}.lance"
+        self._reset()
+
+    def _reset(self) -> None:
+        """No copy opened in this process yet, and a fill not started (also in a copy)."""
+        self._lock = threading.Lock()
+        self._local: LanceSource | None = None
+        self._filling = BackgroundFill(self._open_copy, f"cache='disk' of {self.source.uri!r}")
+
+    def prepare(self) -> None:
+        """Start making (or finding and opening) the copy in the background, unless this process
+        opened it already; until it is open, :meth:`take` reads the dataset itself. A whole copy
+        already there (another run's) whose files all keep their recorded stamps is opened here,
+        so the first epoch reads only it: finding it costs a ``stat`` a file (a copy with a new
+        stamp is checked by the background fill, which reads it). If that open fails, the
+        background fill meets the error again, and every read raises it."""
+        if self._local is None and self.path.exists():
+            if check_copy(self.path, self._about(), read=False) is None:
+                with self._lock, contextlib.suppress(Exception):  # the fill meets it again
+                    if self._local is None:
+                        self._local = self._open_local()
+        if self._local is None:
+            self._filling.start()
+
+    def fill(self) -> LanceSource:
+        """The local copy, made on the first call if no process made it yet, or made again if
+        the one there is damaged (thread- and process-safe: one process copies, the others wait
+        for it and reuse it).
+
+        Raises:
+            OSError: ``cache_dir`` cannot be written, or its disk is full (``errno`` ``ENOSPC``;
+                the message names ``cache_dir``, the rows' size when the columns are fixed-width,
+                the bytes free and the fixes; nothing of the copy is kept), or a damaged copy
+                cannot be removed.
+            ValueError: the copy does not hold ``num_rows`` rows (delete it).
+            Exception: the scan's errors.
+        """
+        if self._local is None:
+            self._filling.wait()
+        assert self._local is not None
+        return self._local
+
+    def _open_copy(self, stopping: threading.Event | None = None) -> None:
+        """The fill (in its thread): the copy made if needed (ended early once ``stopping`` is
+        set), then opened."""
+        with self._lock:
+            if self._local is None:
+                if not self.path.exists() or check_copy(self.path, self._about()) is not None:
+                    self._copy(stopping)
+                self._local = self._open_local()
+
+    def _open_local(self) -> LanceSource:
+        """The copy at :attr:`path`, found whole, opened (under ``_lock``).
+
+        Raises:
+            ValueError: it does not hold ``num_rows`` rows (delete it).
+        """
+        options = SourceOptions(io="auto", columns=self.source.columns)  # a local copy
+        local = LanceSource(os.fspath(self.path), options)
+        if local.num_rows != self.source.num_rows:
+            raise ValueError(
+                f"the disk cache {str(self.path)!r} holds {local.num_rows} rows, but "
+                f"{self.source.uri!r} version {self.source.version} has "
+                f"{self.source.num_rows}; delete the copy to rebuild it"
+            )
+        return local
+
+    def _copy(self, stopping: threading.Event | None) -> None:
+        """Under the copy's lock: remove what killed fills left, keep a copy another process
+        made meanwhile, else set a damaged one aside, copy and publish."""
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            lock_file = open(self.path.with_suffix(".lock"), "a")  # closed by the with below
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+        with lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)  # another process may be copying: wait
+            try:
+                remove_leftovers(self.cache_dir, self.path.name)
+                if self.path.exists():
+                    problem = check_copy(self.path, self._about())
+                    if problem is None:  # made (or made again) by another process
+                        return
+                    warnings.warn(
+                        f"cache='disk': the copy {str(self.path)!r} of {self.source.uri!r} "
+                        f"version {self.source.version} is damaged: {problem}; filling it again",
+                        RuntimeWarning,
+                        stacklevel=5,
+                    )
+                    set_aside(self.path)
+                self._publish(stopping)
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+    def _unwritable(self, exc: OSError) -> OSError:
+        """``exc`` (of making the folder, the lock or the private fill folder) as an error of
+        the same type naming ``cache_dir`` and the fix."""
+        return type(exc)(
+            exc.errno,
+            f"cache='disk': cache_dir={str(self.cache_dir)!r} cannot hold the copy of "
+            f"{self.source.uri!r} ({type(exc).__name__}: {exc.strerror or exc}); pass a folder "
+            f"this process can write as cache_dir, or set $LANCE_PREFETCH_CACHE_DIR",
+        )
+
+    def _publish(self, stopping: threading.Event | None) -> None:
+        """Copy into a private folder, record the copy, and rename it into place; on a full
+        disk, remove the partial copy and raise the explained error."""
+        partial = None
+        try:
+            try:
+                partial = tempfile.mkdtemp(prefix=f".partial-{self.path.name}-", dir=self.cache_dir)
+            except OSError as exc:
+                if is_disk_full(exc):
+                    raise
+                raise self._unwritable(exc) from exc
+            target = Path(partial, "copy.lance")
+            try:
+                self.source.copy_to(os.fspath(target), stopping=stopping)
+            except Exception:
+                if stopping is not None and stopping.is_set():
+                    raise FillStopped from None  # stopped (what Lance made of it aside)
+                raise
+            write_record(target, self._about())
+            os.rename(target, self.path)  # atomic: readers see all of it or nothing
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            if partial is not None:  # removed before the free space is measured
+                shutil.rmtree(partial, ignore_errors=True)
+            raise _disk_full(self.cache_dir, self.source) from exc
+        finally:
+            if partial is not None:
+                shutil.rmtree(partial, ignore_errors=True)
+
+    def _about(self) -> dict[str, Any]:
+        """What the copy holds, as its record says it."""
+        source = self.source
+        return {
+            "uri": source.uri,
+            "version": source.version,
+            "committed": source.committed,
+            "columns": list(source.columns),
+            "num_rows": source.num_rows,
+        }
+
+    @property
+    def cached(self) -> bool:
+        """Whether this process has opened the local copy already."""
+        return self._local is not None
+
+    def cached_rows(self, indices: np.ndarray) -> int:
+        """All of ``indices`` once the local copy is open (:meth:`take` reads only it), else 0."""
+        return len(indices) if self._local is not None else 0
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        """The rows at ``indices``, exactly as :meth:`LanceSource.take` returns them: from the
+        local copy once it is open, from the dataset while the fill runs (or before it started);
+        a read of the dataset that fails after the copy opened meanwhile reads the copy instead.
+
+        Raises:
+            IndexError: as :meth:`LanceSource.take`.
+            CopyReadError: the copy could not be read (damaged since it was opened); the
+                message names it and the fix. Never retried.
+            OSError, ValueError, Exception: the fill failed (its error, as :meth:`fill` says;
+                every read until the next :meth:`prepare` raises it too).
+        """
+        self.source.check_offsets(indices)
+        local = self._local
+        if local is None:
+            error = self._filling.error
+            if error is not None:
+                raise error
+            try:
+                return self.source.take(indices)
+            except Exception:
+                local = self._local  # opened while the dataset was read (its files may be gone)
+                if local is None:
+                    raise
+        try:
+            return local.take(indices)
+        except Exception as exc:
+            raise CopyReadError(
+                f"the disk cache {str(self.path)!r} (the copy of {self.source.uri!r} version "
+                f"{self.source.version}) could not be read: {type(exc).__name__}: {exc}; it may "
+                f"be damaged: delete it (the next run fills it again), or use cache='memory' "
+                f"or cache=None"
+            ) from exc
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "cache_dir": self.cache_dir, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+
+def with_cache(
+    source: LanceSource,
+    cache: str | None,
+    *,
+    cache_bytes: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> LanceSource | MemoryCache | DiskCache:
+    """``source`` itself (``cache=None``) or the cache of the kind asked for over it."""
+    if cache == "memory":
+        return MemoryCache(source, default_cache_bytes() if cache_bytes is None else cache_bytes)
+    if cache == "disk":
+        return DiskCache(source, default_cache_dir() if cache_dir is None else cache_dir)
+    return source
+
+
+def _disk_full(cache_dir: Path, source: LanceSource) -> OSError:
+    row_bytes = fixed_row_bytes(source.schema)
+    what = (
+        f"{source.uri!r} version {source.version} (columns {list(source.columns)}, "
+        f"{source.num_rows:,} rows"
+    )
+    size = None if row_bytes is None else row_bytes * source.num_rows
+    error = OSError(disk_full_message(cache_dir, what, size))
+    error.errno = errno.ENOSPC
+    return error
+
+
+def _stem(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1].removesuffix(".lance") or "dataset"

@@ -1,0 +1,78 @@
+"""What the public readers show of their source: :class:`SourceFacade`, and the loader's
+``repr`` (:func:`loader_repr`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lance_prefetch.sources._lance import RowSource
+
+__all__ = ["SourceFacade", "loader_identity", "loader_repr"]
+
+
+class SourceFacade:
+    """The dataset's identity as properties, read from ``self._source`` (a
+    :class:`~lance_prefetch.sources._lance.RowSource`)."""
+
+    _source: RowSource
+
+    @property
+    def uri(self) -> str:
+        """The dataset's URI."""
+        return self._source.uri
+
+    @property
+    def version(self) -> int:
+        """The pinned dataset version that every read uses."""
+        return self._source.version
+
+    @property
+    def io(self) -> str:
+        """The reader in use: ``"default"`` or ``"uring"`` (``"default"`` after a fallback)."""
+        return self._source.io
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns each batch (or row) holds, in order."""
+        return self._source.columns
+
+
+def loader_repr(loader: Any) -> str:
+    """A :class:`~lance_prefetch.PrefetchLoader`'s ``repr``: its options as resolved (storage
+    options with secret values hidden; ``shuffle``, ``filter`` and ``split`` when set)."""
+    config = loader.config
+    return (
+        f"PrefetchLoader({loader.uri!r}, batch_size={loader.batch_size}, "
+        f"columns={list(loader.columns)}, version={loader.version}, num_rows={loader.num_rows}, "
+        f"seed={loader.seed}, epoch={loader.epoch}, readahead={loader.readahead!r}, "
+        f"max_in_flight={loader.max_in_flight!r}, coalesce={loader.coalesce}, "
+        f"cache={loader.cache!r}, drop_last={loader.drop_last}, "
+        + ("shuffle=False, " if not loader.shuffle else "")
+        + ("" if config.filter is None else f"filter={config.filter!r}, ")
+        + ("" if config.split is None else f"split={config.split!r}, ")
+        + ("" if config.weights is None else f"weights={list(config.weights)}, ")
+        + f"rank={loader.rank}, "
+        f"world_size={loader.world_size}, retry={loader.retry!r}, io={loader.io!r}, "
+        f"storage_options={loader._source.options_repr()})"
+    )
+
+
+def loader_identity(loader: Any) -> dict[str, Any]:
+    """What a state must match to load (:data:`lance_prefetch.state.MATCHED`); with several
+    datasets, ``uri`` and ``version`` are the first one's and ``datasets`` lists them all."""
+    config, source = loader.config, loader._source
+    split = config.split
+    several = hasattr(source, "datasets")  # a ConcatSource or MixtureSource
+    return {
+        "uri": source.sources[0].uri if several else loader.uri,
+        "version": source.sources[0].version if several else loader.version,
+        "num_rows": loader.num_rows,
+        "seed": loader.seed,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "permutation": loader.permutation,
+        "filter": config.filter,
+        "split": None if split is None else split.to_state(),
+        "datasets": source.datasets() if several else None,
+        "weights": None if config.weights is None else list(config.weights),
+    }
