@@ -1,13 +1,12 @@
-"""``python benchmarks/bench.py ...``: the same as ``lance-prefetch bench ...``.
-
-The benchmark lives in the package (:mod:`lance_prefetch._bench`) so that the installed command has
-it; this file only forwards its arguments. Run ``python benchmarks/bench.py --help`` for them, and
-see ``docs/benchmarks.md`` for what it measures.
+"""``python benchmarks/bench.py ...``: the same as ``lance-prefetch-bench ...``, from a checkout
+where the bench is not installed (this directory is then on ``sys.path``, so its
+``lance_prefetch_bench`` package is found). Run ``python benchmarks/bench.py --help`` for the
+arguments, and see ``docs/benchmarks.md`` for what it measures.
 """
 
 import sys
 
-from lance_prefetch._cli import main
+from lance_prefetch_bench._cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", *sys.argv[1:]]))
+    sys.exit(main())

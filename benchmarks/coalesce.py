@@ -20,7 +20,7 @@ import time
 import lance
 import numpy as np
 
-from lance_prefetch._bench.data import write_synthetic
+from lance_prefetch_bench.data import write_synthetic
 
 
 def measure(dataset, rows: int, threads: int, seconds: float, sort: bool) -> float:

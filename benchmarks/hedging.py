@@ -31,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from lance_prefetch import HedgePolicy, PrefetchLoader
-from lance_prefetch._bench.data import write_synthetic
-from lance_prefetch._bench.latency_proxy import Latency
-from lance_prefetch._bench.local_s3 import LocalS3
 from lance_prefetch.sources._lance import LanceSource
+from lance_prefetch_bench.data import write_synthetic
+from lance_prefetch_bench.latency_proxy import Latency
+from lance_prefetch_bench.local_s3 import LocalS3
 
 COLUMNS = ["id", "vector", "label"]
 

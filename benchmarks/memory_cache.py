@@ -24,8 +24,8 @@ import time
 import numpy as np
 
 from lance_prefetch import PrefetchLoader
-from lance_prefetch._bench.data import write_synthetic
 from lance_prefetch.plan.sampling import EpochPlan
+from lance_prefetch_bench.data import write_synthetic
 
 COLUMNS = ["vector", "label"]
 

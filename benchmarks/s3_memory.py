@@ -138,9 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("RESULT " + json.dumps(result), flush=True)
         return 0
 
-    from lance_prefetch._bench.data import write_synthetic
-    from lance_prefetch._bench.latency_proxy import Latency
-    from lance_prefetch._bench.local_s3 import LocalS3
+    from lance_prefetch_bench.data import write_synthetic
+    from lance_prefetch_bench.latency_proxy import Latency
+    from lance_prefetch_bench.local_s3 import LocalS3
 
     variants = [parse_variant(v) for v in args.variant or ["defaults"]]
     results: dict[str, list[dict]] = {name: [] for name, _, _ in variants}

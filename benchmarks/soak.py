@@ -174,9 +174,9 @@ def _local_s3(stack: contextlib.ExitStack, rows: int) -> tuple[str, dict[str, st
     """Start the bench's emulated S3 (stopped with ``stack``), write ``rows`` synthetic rows to
     it (without the added latency) and return the URI and the storage options to read them
     through the latency proxy, Lance's request rate pinned at 5,000/s as the bench does."""
-    from lance_prefetch._bench.data import write_synthetic
-    from lance_prefetch._bench.latency_proxy import Latency
-    from lance_prefetch._bench.local_s3 import LocalS3
+    from lance_prefetch_bench.data import write_synthetic
+    from lance_prefetch_bench.latency_proxy import Latency
+    from lance_prefetch_bench.local_s3 import LocalS3
 
     s3 = stack.enter_context(LocalS3(latency=Latency()))
     uri = s3.uri("soak.lance")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lance_prefetch._bench._spec import KINDS, PEER_KINDS
-from lance_prefetch._bench.config import BenchConfig
-from lance_prefetch._bench.latency_proxy import Latency
+from lance_prefetch_bench._spec import KINDS, PEER_KINDS
+from lance_prefetch_bench.config import BenchConfig
+from lance_prefetch_bench.latency_proxy import Latency
 
 __all__ = ["add_arguments", "config_from_args"]
 
@@ -188,7 +188,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_contenders,
         default=defaults.contenders,
         help=f"comma-separated, among {','.join(KINDS)}; 'peers' for "
-        f"{','.join(PEER_KINDS)} (pip install 'lance-prefetch[peers]' after torch) (default: "
+        f"{','.join(PEER_KINDS)} (pip install 'lance-prefetch-bench[peers]' after torch) (default: "
         f"the first five and the peers)",
     )
     add("--delay-ms", type=float, default=latency.delay_ms, help="--local-s3 added delay, ms")

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from lance_prefetch._bench._measure import MIB, ids_record, latency_stats
-from lance_prefetch._bench._spec import (
+from lance_prefetch_bench._measure import MIB, ids_record, latency_stats
+from lance_prefetch_bench._spec import (
     THROUGHPUT_EPOCH,
     WARMUP_EPOCH,
     ContenderSpec,

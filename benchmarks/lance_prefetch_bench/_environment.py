@@ -67,7 +67,7 @@ def versions(local_s3: bool) -> dict[str, str]:
 
 def nginx_version() -> str:
     """nginx's version, e.g. ``"1.22.1"`` (``"unknown"`` if it cannot be run)."""
-    from lance_prefetch._bench.local_s3 import find_nginx
+    from lance_prefetch_bench.local_s3 import find_nginx
 
     with contextlib.suppress(OSError, FileNotFoundError, subprocess.SubprocessError):
         out = subprocess.run(
@@ -79,7 +79,7 @@ def nginx_version() -> str:
 
 def rclone_version() -> str:
     """rclone's version, e.g. ``"v1.75.2"`` (``"unknown"`` if it cannot be run)."""
-    from lance_prefetch._bench.local_s3 import find_rclone
+    from lance_prefetch_bench.local_s3 import find_rclone
 
     with contextlib.suppress(OSError, FileNotFoundError, subprocess.SubprocessError):
         out = subprocess.run(

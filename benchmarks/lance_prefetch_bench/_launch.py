@@ -13,8 +13,8 @@ from typing import Any
 
 import psutil
 
-from lance_prefetch._bench._process import ManagedProcess
-from lance_prefetch._bench._spec import ContenderSpec
+from lance_prefetch_bench._process import ManagedProcess
+from lance_prefetch_bench._spec import ContenderSpec
 
 _MIB = 2**20
 POLL_S = 0.1
@@ -51,14 +51,14 @@ def run_isolated(
     progress: Callable[[int], None],
     timeout_s: float,
 ) -> dict[str, Any]:
-    """Run ``spec`` in a new process (``python -m lance_prefetch._bench._worker``) and wait for it.
+    """Run ``spec`` in a new process (``python -m lance_prefetch_bench._worker``) and wait for it.
 
     Its process tree's resident memory is sampled every 0.1 s; ``peak_rss_mib`` in the result is the
     largest sum seen (or the process's own exact peak, if larger). Stopped (with its DataLoader
     workers) when it ends, fails, exceeds ``timeout_s`` or this process is interrupted.
 
     Returns:
-        dict: the contender's result (see :func:`~lance_prefetch._bench.contenders.run_contender`)
+        dict: the contender's result (see :func:`~lance_prefetch_bench.contenders.run_contender`)
         plus ``peak_rss_mib``, ``wall_s`` and ``pid``, or ``{"error": message, "log": stderr
         tail, "wall_s", "pid"}``.
     """
@@ -71,7 +71,7 @@ def run_isolated(
             [
                 sys.executable,
                 "-m",
-                "lance_prefetch._bench._worker",
+                "lance_prefetch_bench._worker",
                 str(spec_path),
                 str(result_path),
             ],

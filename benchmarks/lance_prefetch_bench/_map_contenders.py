@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lance_prefetch._bench._spec import ContenderSpec, open_dataset, plan_batches
-from lance_prefetch.convert._arrow import to_tensors
+from lance_prefetch.convert import to_tensors
+from lance_prefetch_bench._spec import ContenderSpec, open_dataset, plan_batches
 
 __all__ = ["LanceMap", "LanceMapRows", "MapStyle", "TakeDataset"]
 

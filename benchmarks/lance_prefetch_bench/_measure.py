@@ -101,7 +101,7 @@ def measure_pass(
     """Read ``batches`` batches of ``epoch`` from ``contender``, sleeping ``step_s`` after each.
 
     Returns:
-        tuple[dict, dict]: the pass's metrics (see :mod:`~lance_prefetch._bench.contenders`) and
+        tuple[dict, dict]: the pass's metrics (see :mod:`~lance_prefetch_bench.contenders`) and
         its :func:`ids_record`.
 
     Raises:

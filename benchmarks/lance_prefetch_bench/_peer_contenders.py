@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from lance_prefetch._bench._spec import ContenderSpec, close_iterator, open_dataset, plan_batches
-from lance_prefetch.convert._arrow import to_tensors
+from lance_prefetch.convert import to_tensors
+from lance_prefetch_bench._spec import ContenderSpec, close_iterator, open_dataset, plan_batches
 
 __all__ = [
     "Grain",
@@ -45,8 +45,8 @@ __all__ = [
 PEER_MODULES = {"grain": "grain", "spdl": "spdl.pipeline", "lancedb-streaming": "lancedb"}
 #: How to install the peers (they need torch installed first, so no extra installs them).
 INSTALL_HINT = (
-    "install the peers after torch: pip install 'lance-prefetch[peers]' "
-    "(in a checkout: pip install -e '.[peers]')"
+    "install the peers after torch: pip install 'lance-prefetch-bench[peers]' "
+    "(in a checkout: pip install -e 'benchmarks[peers]')"
 )
 
 

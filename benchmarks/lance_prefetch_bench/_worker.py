@@ -1,6 +1,6 @@
-"""A contender's process: ``python -m lance_prefetch._bench._worker SPEC.json RESULT.json``.
+"""A contender's process: ``python -m lance_prefetch_bench._worker SPEC.json RESULT.json``.
 
-Runs one :class:`~lance_prefetch._bench._spec.ContenderSpec`, writes one line ``t`` to stdout
+Runs one :class:`~lance_prefetch_bench._spec.ContenderSpec`, writes one line ``t`` to stdout
 per timed batch (the parent's progress bar) and the result, or ``{"error": ..., "traceback": ...}``,
 to ``RESULT.json``. Exit status 0 on success, 1 on an error.
 """
@@ -19,8 +19,8 @@ def _tick() -> None:
 
 def main(argv: list[str]) -> int:
     spec_path, result_path = argv
-    from lance_prefetch._bench._spec import ContenderSpec
-    from lance_prefetch._bench.contenders import run_contender
+    from lance_prefetch_bench._spec import ContenderSpec
+    from lance_prefetch_bench.contenders import run_contender
 
     with open(spec_path) as file:
         spec = ContenderSpec(**json.load(file))

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lance_prefetch._bench._spec import DEFAULT_KINDS, KINDS
-from lance_prefetch._bench.latency_proxy import Latency
+from lance_prefetch_bench._spec import DEFAULT_KINDS, KINDS
+from lance_prefetch_bench.latency_proxy import Latency
 
 __all__ = ["BenchConfig"]
 
@@ -21,7 +21,7 @@ class BenchConfig:
 
     Args:
         uri (str, optional): the dataset to read. Default: ``None``: write a synthetic dataset of
-            ``rows`` rows (see :func:`~lance_prefetch._bench.data.write_synthetic`) to a temporary
+            ``rows`` rows (see :func:`~lance_prefetch_bench.data.write_synthetic`) to a temporary
             folder, or to the emulated S3 with ``local_s3``, and remove it afterwards.
         local_s3 (bool): emulate S3 on 127.0.0.1 (nginx + rclone + latency proxy); needs
             ``uri=None``. Default: ``False``.
@@ -49,7 +49,7 @@ class BenchConfig:
         repeats (int): runs of each ``lance-prefetch`` setting, each in its own process, in
             interleaved rounds (every setting once per round, the order rotated by one each
             round, so slow spells of the machine spread over the settings); the report keeps
-            each setting's median run (see :func:`~lance_prefetch._bench.report.merge_rounds`).
+            each setting's median run (see :func:`~lance_prefetch_bench.report.merge_rounds`).
             Default: ``1``.
         ceiling_concurrency (tuple[int, ...]): thread-pool sizes tried by ``ceiling``. Default:
             ``(4, 16, 64)``.
@@ -62,7 +62,7 @@ class BenchConfig:
         streaming_splits (tuple[int, ...]): ``num_splits`` of each ``lancedb-streaming`` setting.
             Default: ``(1,)`` (its default for one process).
         contenders (tuple[str, ...]): which contenders to run. Default:
-            :data:`~lance_prefetch._bench._spec.DEFAULT_KINDS` (the first five and the peers). With
+            :data:`~lance_prefetch_bench._spec.DEFAULT_KINDS` (the first five and the peers). With
             ``lance-prefetch``, its defaults (no tuning arguments) run too, as
             ``lance-prefetch defaults``.
         latency (Latency): latency added by the emulated S3. Default: ``Latency()``.

@@ -41,7 +41,7 @@ contender           what it runs
 ``grain``           Grain's global index shuffle, one ``take`` per index batch (a peer loader)
 ``spdl``            the plan's batches through an SPDL pipeline with a concurrent ``take`` stage
 ``lancedb-streaming`` LanceDB's ``StreamingDataset`` under a ``DataLoader``; the three peers need
-                    the ``peers`` extra (:mod:`~lance_prefetch._bench._peer_contenders`)
+                    the ``peers`` extra (:mod:`~lance_prefetch_bench._peer_contenders`)
 ==================  ===================================================================================
 
 The last six are not run unless asked for (``--contenders``; ``peers`` names the last three);
@@ -70,10 +70,11 @@ from typing import Any
 
 import numpy as np
 
-from lance_prefetch._bench._map_contenders import LanceMap, LanceMapRows, MapStyle
-from lance_prefetch._bench._measure import measure_pass, peak_rss_mib, rss_mib
-from lance_prefetch._bench._peer_contenders import Grain, LanceDBStreaming, Spdl
-from lance_prefetch._bench._spec import (
+from lance_prefetch.convert import to_tensors
+from lance_prefetch_bench._map_contenders import LanceMap, LanceMapRows, MapStyle
+from lance_prefetch_bench._measure import measure_pass, peak_rss_mib, rss_mib
+from lance_prefetch_bench._peer_contenders import Grain, LanceDBStreaming, Spdl
+from lance_prefetch_bench._spec import (
     STEP_EPOCH,
     THROUGHPUT_EPOCH,
     WARMUP_EPOCH,
@@ -82,7 +83,6 @@ from lance_prefetch._bench._spec import (
     open_dataset,
     plan_batches,
 )
-from lance_prefetch.convert._arrow import to_tensors
 
 __all__ = ["run_contender"]
 
@@ -333,14 +333,14 @@ def run_contender(spec: ContenderSpec, tick: Callable[[], None] | None = None) -
     Returns:
         dict: ``setup_s``, ``warmup_s``, ``passes`` (``throughput`` and, except for
         ``ceiling``, ``step``: the metrics listed in this module's docstring), ``ids`` (per
-        epoch, see :func:`~lance_prefetch._bench._measure.ids_record`), ``notes``, ``peak_rss_self_mib`` (this process's peak
+        epoch, see :func:`~lance_prefetch_bench._measure.ids_record`), ``notes``, ``peak_rss_self_mib`` (this process's peak
         resident memory) and ``rss_before_mib`` (its resident memory before the contender was
         built); ``ceiling`` adds ``sweep`` and ``best_concurrency``.
     """
     tick = tick or (lambda: None)
     rss_before = rss_mib()
     if spec.kind == "ceiling":
-        from lance_prefetch._bench._ceiling import run_ceiling
+        from lance_prefetch_bench._ceiling import run_ceiling
 
         result = run_ceiling(spec, tick)
     else:

@@ -1,6 +1,6 @@
 """A TCP proxy on 127.0.0.1 that adds request latency: delay, jitter and a slow tail.
 
-Standard library only, and no imports from ``lance_prefetch``: :mod:`~lance_prefetch._bench.local_s3`
+Standard library only, and no imports from ``lance_prefetch``: :mod:`~lance_prefetch_bench.local_s3`
 runs this file as a script in its own process (so its event loop does not compete for the GIL with
 the benchmark), and prints nothing but the port it listens on.
 

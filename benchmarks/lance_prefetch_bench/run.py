@@ -1,8 +1,8 @@
 """The benchmark run: set up the data (and the emulated S3), run each contender, write the report.
 
-Entry points: :func:`run_bench` (a :class:`~lance_prefetch._bench.config.BenchConfig` in, a
-report dict out) and the ``lance-prefetch bench`` command (its arguments are in
-:mod:`~lance_prefetch._bench._arguments`; ``python benchmarks/bench.py`` runs the same).
+Entry points: :func:`run_bench` (a :class:`~lance_prefetch_bench.config.BenchConfig` in, a
+report dict out) and the ``lance-prefetch-bench`` command (:mod:`~lance_prefetch_bench._cli`;
+its arguments are in :mod:`~lance_prefetch_bench._arguments`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lance_prefetch._bench import _environment as environment
-from lance_prefetch._bench._process import sigint_ignored
-from lance_prefetch._bench._spec import KINDS, UNIFORM, ContenderSpec
-from lance_prefetch._bench.config import _LOCAL_SCHEMES, BenchConfig, _scheme
 from lance_prefetch.sources._storage import redact
+from lance_prefetch_bench import _environment as environment
+from lance_prefetch_bench._process import sigint_ignored
+from lance_prefetch_bench._spec import KINDS, UNIFORM, ContenderSpec
+from lance_prefetch_bench.config import _LOCAL_SCHEMES, BenchConfig, _scheme
 
 __all__ = ["BenchConfig", "run_bench"]
 
@@ -36,7 +36,7 @@ def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     """Run the benchmark that ``config`` describes; stop everything it started, whatever happens.
 
     Returns:
-        tuple[dict, dict[str, Path]]: the report (see :mod:`~lance_prefetch._bench.report`) and
+        tuple[dict, dict[str, Path]]: the report (see :mod:`~lance_prefetch_bench.report`) and
         the paths of the JSON, Markdown and PNG files written.
 
     Raises:
@@ -67,8 +67,8 @@ def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     finally:
         with sigint_ignored():
             stack.close()
-    from lance_prefetch._bench import report as reporting
-    from lance_prefetch._bench import verdicts
+    from lance_prefetch_bench import report as reporting
+    from lance_prefetch_bench import verdicts
 
     report["meta"]["load_average_end"] = environment.load_average()
     report["ids_check"] = verdicts.check_ids(report["contenders"])  # every run, every round
@@ -86,12 +86,12 @@ def _prepare_storage(
     config: BenchConfig, stack: contextlib.ExitStack, workdir: Path
 ) -> tuple[str, dict[str, str], dict[str, Any]]:
     """(uri, storage options for the contenders, storage description)."""
-    from lance_prefetch._bench.data import write_synthetic
+    from lance_prefetch_bench.data import write_synthetic
 
     options = dict(config.storage_options)
     servers = None
     if config.local_s3:
-        from lance_prefetch._bench.local_s3 import LocalS3
+        from lance_prefetch_bench.local_s3 import LocalS3
 
         s3 = stack.enter_context(LocalS3(latency=config.latency))
         uri = s3.uri("bench.lance")
@@ -324,8 +324,8 @@ def _run_contenders(
 ) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    from lance_prefetch._bench._launch import run_isolated
-    from lance_prefetch._bench._peer_contenders import missing_peer
+    from lance_prefetch_bench._launch import run_isolated
+    from lance_prefetch_bench._peer_contenders import missing_peer
 
     settings = _settings(config, dataset)
     base = {

@@ -1,6 +1,6 @@
 """The benchmark's verdicts: whether the contenders read the same rows, the medians of repeated
 rounds, and the performance targets, all computed from the plain report dict (see
-:mod:`~lance_prefetch._bench.report`)."""
+:mod:`~lance_prefetch_bench.report`)."""
 
 from __future__ import annotations
 
