@@ -1,5 +1,6 @@
-# `make demo` and `make test` set up .venv on first use (torch's CPU build first, the peer
-# loaders the bench compares last), then run.
+# `make demo` and `make test` set up .venv on first use (torch's CPU build first, then the
+# library, then the bench, benchmarks/, a distribution of its own, and the peer loaders it
+# compares last), then run.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,17 +12,18 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml benchmarks/pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,demo,bench,frameworks]'
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[peers]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,demo,frameworks]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e benchmarks
+	$(PY) -m pip install --quiet --disable-pip-version-check -e 'benchmarks[peers]'
 	touch $(STAMP)
 
-# `lance-prefetch bench --local-s3` (and its test) serves object reads with nginx: install
+# `lance-prefetch-bench --local-s3` (and its test) serves object reads with nginx: install
 # Debian's nginx-light when no nginx is there (nothing is done when one is).
 nginx:
 	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || { \
-		echo "installing nginx-light (for lance-prefetch bench --local-s3)"; \
+		echo "installing nginx-light (for lance-prefetch-bench --local-s3)"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nginx-light >/dev/null; }
 
@@ -45,9 +47,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check lance_prefetch tests benchmarks examples
 	$(VENV)/bin/lint-imports
 
-# The benchmark on an emulated S3 (nginx + rclone on 127.0.0.1; installs nginx-light if missing).
+# The benchmark (benchmarks/, installed by $(STAMP)) on an emulated S3 (nginx + rclone on
+# 127.0.0.1; installs nginx-light if missing).
 bench: $(STAMP) nginx
-	$(PY) -m lance_prefetch bench --local-s3
+	$(VENV)/bin/lance-prefetch-bench --local-s3
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache *.egg-info
+	rm -rf $(VENV) demo-data .pytest_cache *.egg-info benchmarks/*.egg-info

@@ -4,16 +4,16 @@
 on scikit-learn's digits (or on ``--uri``) and prints, per epoch, the loss, held-out accuracy,
 rows/s and the fraction of wall time the training loop waited for data.
 
-``lance-prefetch bench`` measures PrefetchLoader against the usual alternatives on one dataset,
-local or S3 (or an emulated S3 on 127.0.0.1 with ``--local-s3``), and writes a JSON file, a
-Markdown table and a plot (see :mod:`lance_prefetch._bench`).
+``lance-prefetch bench ...`` runs ``lance-prefetch-bench ...``: the benchmark that measures
+PrefetchLoader against the usual alternatives is a distribution of its own
+(``lance-prefetch-bench``, ``benchmarks/`` in a checkout), outside the library's wheel. When it is
+not installed, the command prints how to install it and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -70,73 +70,37 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--epochs", type=_positive_int, default=5)
     demo.add_argument("--seed", type=int, default=0)
-    bench = commands.add_parser(
+    commands.add_parser(
         "bench",
-        help="measure PrefetchLoader against the usual ways to read random batches",
-        description="Read the same random batches with each contender (sequential takes, a "
-        "map-style DataLoader, lance.torch, a raw thread-pool ceiling, and PrefetchLoader over a "
-        "readahead x max_in_flight grid), each in its own process, and write NAME.json, NAME.md "
-        "and NAME.png to --out. Needs the bench extra (pip install 'lance-prefetch[bench]'); "
-        "--local-s3 also needs nginx (apt-get install nginx-light).",
+        add_help=False,  # `lance-prefetch bench --help` is the bench's own help
+        help="measure PrefetchLoader against the usual ways to read random batches "
+        "(runs lance-prefetch-bench, installed apart: pip install -e benchmarks)",
     )
-    from lance_prefetch._bench._arguments import add_arguments
-
-    add_arguments(bench)
-    bench.add_argument("-v", "--verbose", action="store_true", help="log what is being set up")
     return parser
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+#: The one line printed when ``lance-prefetch bench`` finds no bench to run.
+BENCH_HINT = (
+    "lance-prefetch bench needs the lance-prefetch-bench distribution, which is not installed: "
+    "pip install -e benchmarks (from a checkout), or run make bench"
+)
 
 
-def _run_bench(args: argparse.Namespace) -> int:
-    missing = []
-    for module in ("tqdm", "psutil", "matplotlib"):
-        try:
-            __import__(module)
-        except ModuleNotFoundError:
-            missing.append(module)
-    if missing:
+def _run_bench(argv: Sequence[str]) -> int:
+    """Forward ``argv`` (what follows ``bench``) to ``lance_prefetch_bench``'s command, imported by
+    name so that the library never depends on it; 2 and :data:`BENCH_HINT` when it is absent."""
+    try:
+        bench = importlib.import_module("lance_prefetch_bench._cli")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("lance_prefetch_bench", "lance_prefetch_bench._cli"):
+            print(BENCH_HINT, file=sys.stderr)
+            return 2
         print(
-            f"ModuleNotFoundError: the bench needs {', '.join(missing)}; install the bench extra: "
-            f"pip install 'lance-prefetch[bench]'",
+            f"ModuleNotFoundError: {exc}; reinstall the bench: pip install -e benchmarks",
             file=sys.stderr,
         )
         return 1
-    from lance_prefetch._bench._arguments import config_from_args
-    from lance_prefetch._bench.report import to_markdown
-    from lance_prefetch._bench.run import run_bench
-    from lance_prefetch._bench.verdicts import failures, same_rows_verdict
-
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    config = config_from_args(args)
-    try:  # `kill` (SIGTERM) unwinds like Ctrl-C does, so the servers and contenders are stopped
-        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    except ValueError:  # not the main thread: leave signals alone
-        previous = None
-    try:
-        report, paths = run_bench(config)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    print(to_markdown(report, plot_name=str(paths["plot"])))
-    print(f"wrote {paths['json']}, {paths['markdown']} and {paths['plot']}")
-    failed = failures(report["contenders"])
-    if failed:
-        print(
-            f"RuntimeError: {len(failed)} contender(s) failed: {', '.join(failed)}", file=sys.stderr
-        )
-        return 1
-    verdict = same_rows_verdict(report["ids_check"])
-    if verdict != "yes":
-        message = "the contenders did not read the same rows" if verdict == "NO" else verdict
-        print(f"RuntimeError: {message}", file=sys.stderr)
-        return 1
-    return 0
+    return bench.main(argv, prog="lance-prefetch bench")
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -188,14 +152,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit status.
 
     Errors from the library (bad arguments, missing dataset, failed batch) are printed as
-    ``TypeName: message`` and give exit status 1.
+    ``TypeName: message`` and give exit status 1. ``bench ...`` returns what
+    ``lance-prefetch-bench ...`` returns, or 2 with a one-line install hint on stderr when the
+    ``lance_prefetch_bench`` package is not installed.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the bench parses its own arguments
+        return _run_bench(argv[1:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
             return _run_demo(args)
-        if args.command == "bench":
-            return _run_bench(args)
     except (TypeError, ValueError, OSError, RuntimeError) as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
