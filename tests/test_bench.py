@@ -20,13 +20,14 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
 from lance_prefetch import _cli as cli  # noqa: E402
-from lance_prefetch._bench import local_s3, report, verdicts  # noqa: E402
-from lance_prefetch._bench._process import ManagedProcess  # noqa: E402
-from lance_prefetch._bench.config import BenchConfig  # noqa: E402
-from lance_prefetch._bench.data import write_synthetic  # noqa: E402
-from lance_prefetch._bench.latency_proxy import Latency  # noqa: E402
-from lance_prefetch._bench.run import run_bench  # noqa: E402
 from lance_prefetch.plan.sampling import EpochPlan  # noqa: E402
+from lance_prefetch_bench import _cli as bench_cli  # noqa: E402
+from lance_prefetch_bench import local_s3, report, verdicts  # noqa: E402
+from lance_prefetch_bench._process import ManagedProcess  # noqa: E402
+from lance_prefetch_bench.config import BenchConfig  # noqa: E402
+from lance_prefetch_bench.data import write_synthetic  # noqa: E402
+from lance_prefetch_bench.latency_proxy import Latency  # noqa: E402
+from lance_prefetch_bench.run import run_bench  # noqa: E402
 
 
 @pytest.fixture
@@ -121,7 +122,7 @@ def test_missing_nginx_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(local_s3.shutil, "which", lambda *args, **kwargs: None)
     with pytest.raises(FileNotFoundError, match=r"apt-get install -y nginx-light"):
         local_s3.find_nginx()
-    with pytest.raises(FileNotFoundError, match=r"pip install 'lance-prefetch\[bench\]'"):
+    with pytest.raises(FileNotFoundError, match=r"pip install -e benchmarks in a checkout"):
         local_s3.find_rclone()
 
 
@@ -175,6 +176,18 @@ def test_the_hedge_grid_runs_each_setting_with_and_without_hedged_takes():
         ValueError, match=r"^hedge should be among 'auto', 'none', but got \['off'\]$"
     ):
         BenchConfig(hedge=("off",))
+
+
+def test_lance_prefetch_bench_forwards_to_the_bench(capsys):
+    """``lance-prefetch bench ARGS`` is ``lance-prefetch-bench ARGS``, named as it was typed."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "--help"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: lance-prefetch bench [-h] [--local-s3]")
+    with pytest.raises(SystemExit) as info:
+        bench_cli.main(["--rows", "many"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: lance-prefetch-bench [-h] [--local-s3]")
 
 
 def test_cli_bench_reports_errors_without_a_traceback(tmp_path, capsys):
@@ -298,7 +311,7 @@ def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
 def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     """repeats=3: every contender in round 0, then the lance-prefetch settings twice more, each
     round rotated by one; the report keeps each setting's median run and median wait."""
-    from lance_prefetch._bench.run import _plan
+    from lance_prefetch_bench.run import _plan
 
     config = BenchConfig(
         readahead=(4, 16),

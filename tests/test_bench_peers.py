@@ -8,13 +8,13 @@ import lance
 import numpy as np
 import pytest
 
-from lance_prefetch._bench import _peer_contenders, report, verdicts
-from lance_prefetch._bench._arguments import _contenders
-from lance_prefetch._bench._spec import ContenderSpec, plan_batches
-from lance_prefetch._bench.config import BenchConfig
-from lance_prefetch._bench.contenders import run_contender
-from lance_prefetch._bench.data import write_synthetic
-from lance_prefetch._bench.run import run_bench
+from lance_prefetch_bench import _peer_contenders, report, verdicts
+from lance_prefetch_bench._arguments import _contenders
+from lance_prefetch_bench._spec import ContenderSpec, plan_batches
+from lance_prefetch_bench.config import BenchConfig
+from lance_prefetch_bench.contenders import run_contender
+from lance_prefetch_bench.data import write_synthetic
+from lance_prefetch_bench.run import run_bench
 
 ROWS, BATCH, BATCHES = 600, 32, 5
 
@@ -105,7 +105,7 @@ def test_a_missing_peer_is_a_skipped_row_with_the_install_line(tiny, tmp_path, m
         "find_spec",
         lambda name, *a: None if name == "grain" else found(name, *a),
     )
-    hint = "grain needs grain, which is not installed: install the peers after torch: pip install 'lance-prefetch[peers]'"
+    hint = "grain needs grain, which is not installed: install the peers after torch: pip install 'lance-prefetch-bench[peers]'"
     assert _peer_contenders.missing_peer("grain").startswith(hint)
     assert _peer_contenders.missing_peer("spdl") is None
     config = BenchConfig(

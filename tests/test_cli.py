@@ -138,3 +138,40 @@ def test_demo_refuses_unusable_columns(tmp_path):
         demo.train(uri, columns=["name", "neg"], batch_size=2, epochs=1)
     with pytest.raises(ValueError, match=r"^the label column 'x' should hold integers"):
         demo.train(uri, columns=["neg", "x"], batch_size=2, epochs=1)
+
+
+#: ``python -m lance_prefetch ARGS`` as if the bench were not installed: ``None`` in
+#: ``sys.modules`` halts the import of ``lance_prefetch_bench`` with ModuleNotFoundError, as a
+#: missing package does (whether or not ``make install`` installed it here).
+WITHOUT_THE_BENCH = (
+    "import runpy, sys; sys.modules['lance_prefetch_bench'] = None; sys.argv[0] = 'lance-prefetch'; "
+    "runpy.run_module('lance_prefetch', run_name='__main__', alter_sys=True)"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [["bench"], ["bench", "--local-s3", "--rows", "1000"]])
+def test_bench_without_the_bench_installed_exits_2_with_one_line_saying_how_to_install_it(argv):
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_THE_BENCH, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "lance-prefetch bench needs the lance-prefetch-bench distribution, which is not "
+        "installed: pip install -e benchmarks (from a checkout), or run make bench\n"
+    )
+
+
+def test_the_command_lists_bench_and_where_it_comes_from(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "bench measure PrefetchLoader against the usual ways to read random batches (runs "
+        "lance-prefetch-bench, installed apart: pip install -e benchmarks)"
+    ) in out

@@ -37,11 +37,11 @@ SUBPACKAGES = [
 
 
 def modules() -> list[str]:
-    """Every module of the package by dotted name (``plan.sampling``), the bench's left out."""
+    """Every module of the package by dotted name (``plan.sampling``)."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE).with_suffix("").parts
-        if parts[0] == "_bench" or parts in {("__init__",), ("__main__",)}:
+        if parts in {("__init__",), ("__main__",)}:
             continue
         found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return found
