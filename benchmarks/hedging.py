@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from lance_prefetch import HedgePolicy, PrefetchLoader
+from lance_prefetch import Dataset, HedgePolicy, PrefetchLoader, ReadOptions
 from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch_bench.data import write_synthetic
 from lance_prefetch_bench.latency_proxy import Latency
@@ -75,14 +75,12 @@ def run_once(
     hedge: HedgePolicy | None,
 ) -> dict:
     loader = PrefetchLoader(
-        uri,
+        Dataset(uri, storage_options=options),
         args.batch_size,
         columns=COLUMNS,
-        storage_options=options,
         seed=seed,
         readahead=depth(args.readahead),
-        max_in_flight=depth(args.max_in_flight),
-        hedge=hedge,
+        read=ReadOptions(max_in_flight=depth(args.max_in_flight), hedge=hedge),
     )
     waits, digest = [], hashlib.sha256()
     with TakeCounter() as counter:

@@ -29,6 +29,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from lance_prefetch import Dataset, ReadOptions
+
 MIB = 2**20
 LOADER_KEYS = ("readahead", "max_in_flight", "coalesce", "max_buffer_bytes")
 
@@ -64,8 +66,14 @@ def child(uri: str, options: dict[str, str], settings: dict[str, str], seconds: 
     from lance_prefetch import PrefetchLoader
 
     imported = rss()
-    kwargs = {key: _value(settings[key]) for key in LOADER_KEYS if key in settings}
-    loader = PrefetchLoader(uri, 256, storage_options=options, drop_last=False, **kwargs)
+    read = {key: _value(settings[key]) for key in LOADER_KEYS[1:] if key in settings}
+    loader = PrefetchLoader(
+        Dataset(uri, storage_options=options),
+        256,
+        drop_last=False,
+        readahead=_value(settings.get("readahead", "auto")),
+        read=ReadOptions(**read),
+    )
     floor = rss()
     trim = None
     if settings.get("trim") == "1":

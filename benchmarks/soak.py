@@ -42,7 +42,7 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import Dataset, PrefetchLoader, ReadOptions
 
 MIB = 2**20
 
@@ -262,14 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             uri = args.uri or write_small(str(Path(tmp) / "soak.lance"), args.rows, dim=args.dim)
         loader = PrefetchLoader(
-            uri,
+            Dataset(uri, storage_options=storage_options),
             args.batch_size,
             columns=columns,
             readahead=args.readahead,
-            max_in_flight=args.max_in_flight,
-            coalesce=args.coalesce,
-            storage_options=storage_options,
             drop_last=False,
+            read=ReadOptions(max_in_flight=args.max_in_flight, coalesce=args.coalesce),
         )
         title = (
             f"{args.takes:,} takes of {args.batch_size} rows, readahead {args.readahead}, "

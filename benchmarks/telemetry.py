@@ -26,7 +26,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import PrefetchLoader, ReadOptions
 from lance_prefetch.loader import _telemetry as telemetry_module
 
 
@@ -57,7 +57,7 @@ LATENCY_WARMUP = telemetry_module.LATENCIES  # stats() over a full ring of laten
 
 
 def end_to_end(uri: str, batch_size: int, repeats: int) -> dict[str, float]:
-    loader = PrefetchLoader(uri, batch_size, readahead=8, max_in_flight=4)
+    loader = PrefetchLoader(uri, batch_size, readahead=8, read=ReadOptions(max_in_flight=4))
     real = telemetry_module.Telemetry.record_batch, telemetry_module.Telemetry.record_take
     best = {"on": 0.0, "off": 0.0}
     for repeat in range(repeats):

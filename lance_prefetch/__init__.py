@@ -1,7 +1,10 @@
 """lance-prefetch: fully random batches from Lance datasets, read concurrently ahead of training.
 
-The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``),
-:class:`BatchLoadError`, :class:`RetryPolicy`, :class:`HedgePolicy` (hedged takes, ``hedge=``),
+The public surface is :class:`PrefetchLoader` (a ``torch.utils.data.IterableDataset``) with its
+option groups from :mod:`~lance_prefetch.options` (:class:`Dataset` and :class:`Mixture`, what to
+read; :class:`ReadOptions`, how; :class:`Shuffle`, :class:`MemoryCache`, :class:`DiskCache` and
+:class:`Audit`), :class:`BatchLoadError`, :class:`RetryPolicy`, :class:`HedgePolicy` (hedged
+takes, ``ReadOptions(hedge=...)``),
 :class:`LoaderStats` (from ``loader.stats()``),
 :class:`CoverageError` and :class:`AuditReport` (the coverage audit, ``audit=True``),
 :class:`Split` (one part of a seeded train/validation split, ``split=``),
@@ -24,6 +27,13 @@ from lance_prefetch._errors import BatchLoadError as BatchLoadError
 from lance_prefetch._errors import CoverageError as CoverageError
 from lance_prefetch.audit._coverage import AuditReport as AuditReport
 from lance_prefetch.loader._telemetry import LoaderStats as LoaderStats
+from lance_prefetch.options import Audit as Audit
+from lance_prefetch.options import Dataset as Dataset
+from lance_prefetch.options import DiskCache as DiskCache
+from lance_prefetch.options import MemoryCache as MemoryCache
+from lance_prefetch.options import Mixture as Mixture
+from lance_prefetch.options import ReadOptions as ReadOptions
+from lance_prefetch.options import Shuffle as Shuffle
 from lance_prefetch.plan.splits import Split as Split
 from lance_prefetch.schedule._hedging import HedgePolicy as HedgePolicy
 from lance_prefetch.schedule.retry import RetryPolicy as RetryPolicy
@@ -62,14 +72,21 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
 __all__ = [
+    "Audit",
     "AuditReport",
     "BatchLoadError",
     "CoverageError",
+    "Dataset",
+    "DiskCache",
     "HedgePolicy",
     "LanceMapDataset",
     "LoaderStats",
+    "MemoryCache",
+    "Mixture",
     "PrefetchLoader",
+    "ReadOptions",
     "RetryPolicy",
+    "Shuffle",
     "Split",
     "__version__",
     "collate",

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import torch
 from torch import nn
 
+from lance_prefetch import ReadOptions
 from lance_prefetch.loader._loader import PrefetchLoader
 from lance_prefetch.loader._telemetry import LoaderStats
 
@@ -128,10 +129,10 @@ def train(
         columns=columns,
         seed=seed,
         readahead=readahead,
-        max_in_flight=max_in_flight,
         rank=0,
         world_size=1,
         cache=cache,
+        read=ReadOptions(max_in_flight=max_in_flight),
     )
     held_out = None
     if eval_uri is not None:
@@ -141,9 +142,9 @@ def train(
             columns=columns,
             drop_last=False,
             readahead=2,
-            max_in_flight=2,
             rank=0,
             world_size=1,
+            read=ReadOptions(max_in_flight=2),
         )
     first = next(iter(loader))
     for name in columns:

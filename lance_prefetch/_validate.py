@@ -390,20 +390,20 @@ def _either(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
 
 
-def check_weights(value: Any, *, shuffle: bool) -> tuple[float, ...] | None:
+def check_weights(value: Any) -> tuple[float, ...] | None:
     """``weights``: ``None``, or a list of at least two finite numbers ``> 0`` (a mixture's
-    proportions, one per dataset of a list ``source``; normalised to sum to 1, also near the
-    float limits: ``[1e308, 1e308]`` is ``(0.5, 0.5)``), only with ``shuffle=True``. A weight
-    too small next to the largest for a float comes back ``0.0``; the mixture then refuses it
+    proportions, one per dataset; normalised to sum to 1, also near the float limits:
+    ``[1e308, 1e308]`` is ``(0.5, 0.5)``). A weight too small next to the largest for a float
+    comes back ``0.0``; the mixture then refuses it
     (it gives its dataset no row an epoch: :class:`~lance_prefetch.sources._multi.MixtureSource`).
 
     Raises:
-        TypeError: not a list of numbers. ValueError: fewer than two, one not finite or
-            ``<= 0``, or ``shuffle=False``.
+        TypeError: not a list of numbers. ValueError: fewer than two, or one not finite or
+            ``<= 0``.
     """
     if value is None:
         return None
-    example = "e.g. weights=[0.7, 0.3] for source=[uri_a, uri_b]"
+    example = "e.g. Mixture([uri_a, uri_b], weights=[0.7, 0.3])"
     if hasattr(value, "tolist") and not isinstance(value, Sequence):  # numpy, torch: 1-D
         value = value.tolist()
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
@@ -417,16 +417,11 @@ def check_weights(value: Any, *, shuffle: bool) -> tuple[float, ...] | None:
         if not math.isfinite(weight) or weight <= 0:
             raise ValueError(
                 f"weights[{i}] should be a finite number > 0, but got {weight!r}; "
-                f"leave a dataset out of source rather than weigh it 0"
+                f"leave a dataset out of the mixture rather than weigh it 0"
             )
         floats.append(float(weight))
     if len(floats) < 2:
         raise ValueError(f"weights should list at least two numbers, but got {value!r} ({example})")
-    if not shuffle:
-        raise ValueError(
-            "weights mixes datasets into shuffled epochs, but shuffle=False reads in order; "
-            "leave weights out to read the datasets' concatenation in order"
-        )
     # scaled by a power of two (exact) so that the largest is in [0.5, 1): the sum cannot overflow
     scale = -math.frexp(max(floats))[1]
     floats = [math.ldexp(weight, scale) for weight in floats]

@@ -3,6 +3,7 @@ a real S3-compatible server on 127.0.0.1 (started on first use, stopped at the e
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from pathlib import Path
@@ -162,7 +163,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 #: CPU time, so a worker test runs one mode unless another reads differently there.
 READ_MODES = {
     "coalesced": {},  # the defaults: coalesce="auto", no cache
-    "per-take": {"coalesce": 1},
+    "per-take": {"coalesce": 1},  # ReadOptions(coalesce=1)
     "memory": {"cache": "memory"},
     "disk": {"cache": "disk"},
 }
@@ -172,12 +173,16 @@ READ_MODES = {
 def make_loader(request):
     """A ``PrefetchLoader`` factory for one read mode (:data:`READ_MODES`): the test's arguments,
     over the mode's options. ``loader_class``: a subclass to build instead."""
-    from lance_prefetch import PrefetchLoader
+    from lance_prefetch import PrefetchLoader, ReadOptions
 
     mode = READ_MODES[request.param]
 
     def make(*args, loader_class=PrefetchLoader, **options):
-        return loader_class(*args, **{**mode, **options})
+        read = options.pop("read", None) or ReadOptions()
+        if "coalesce" in mode and read.coalesce == "auto":  # the test's own coalesce wins
+            read = dataclasses.replace(read, coalesce=mode["coalesce"])
+        cache = {"cache": mode["cache"]} if "cache" in mode else {}
+        return loader_class(*args, **{**cache, **options, "read": read})
 
     make.mode = request.param
     return make

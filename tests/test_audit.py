@@ -16,7 +16,7 @@ from support.audit_runs import FAULTS, duplicate_in_worker_1, faulty, gloo_rank,
 from support.helpers import WORKERS, batch_ids, expected_rank_ids, stopping
 from torch.utils.data import DataLoader
 
-from lance_prefetch import AuditReport, CoverageError, PrefetchLoader
+from lance_prefetch import Audit, AuditReport, CoverageError, PrefetchLoader
 from lance_prefetch.audit import _bitset
 from lance_prefetch.audit._bitset import CoverageRecord
 from lance_prefetch.audit._coverage import Share, ShareCount, check, complete, expected_deliveries
@@ -166,8 +166,7 @@ def test_two_ranks_through_audit_dir_padded_and_resumed(ids_1003, tmp_path):
             seed=1,
             rank=rank,
             world_size=2,
-            audit=True,
-            audit_dir=tmp_path,
+            audit=Audit(dir=tmp_path),
         )
 
     first, second = make(0), make(1)
@@ -203,7 +202,7 @@ def test_the_audit_catches_an_injected_fault_on_two_ranks(fault, ids_1003, tmp_p
     rank 0 reads its share normally."""
     loaders = [
         PrefetchLoader(
-            ids_1003, 10, columns=["id"], rank=rank, world_size=2, audit=True, audit_dir=tmp_path
+            ids_1003, 10, columns=["id"], rank=rank, world_size=2, audit=Audit(dir=tmp_path)
         )
         for rank in (0, 1)
     ]
@@ -245,8 +244,7 @@ def test_the_sequential_mode_with_ranks_a_batch_apart(ids_1003, tmp_path):
             shuffle=False,
             rank=rank,
             world_size=3,
-            audit=True,
-            audit_dir=tmp_path,
+            audit=Audit(dir=tmp_path),
         )
         for rank in range(3)
     ]
@@ -265,12 +263,10 @@ def test_misconfigurations_name_audit_dir_before_an_epoch_is_used(ids_1003, tmp_
     """Several ranks with no way to meet: the first next() raises, naming audit_dir, before the
     epoch is decided; bad audit options are refused at construction; an epoch not read to its
     end is not audited and leaves no record."""
-    with pytest.raises(ValueError, match=r"^audit_dir applies to audit=True only"):
-        PrefetchLoader(ids_1003, 10, audit_dir=tmp_path)
-    with pytest.raises(TypeError, match=r"^audit should be True or False, but got audit=1$"):
+    with pytest.raises(TypeError, match=r"^audit should be True, False or a lance_prefetch\.opt"):
         PrefetchLoader(ids_1003, 10, audit=1)
-    with pytest.raises(TypeError, match=r"^audit_dir should be a path"):
-        PrefetchLoader(ids_1003, 10, audit=True, audit_dir=3)
+    with pytest.raises(TypeError, match=r"^Audit: dir should be a path"):
+        Audit(dir=3)
     loader = PrefetchLoader(ids_1003, 10, columns=["id"], rank=1, world_size=2, audit=True)
     message = (
         "audit=True on rank 1 of 2 needs the ranks' records to meet, but no torch.distributed "
@@ -288,7 +284,7 @@ def test_misconfigurations_name_audit_dir_before_an_epoch_is_used(ids_1003, tmp_
         choose_exchange(config, Share(0, 1, 2), 1, in_worker=True)
     assert choose_exchange(config, Share(0, 0, 1), 1, in_worker=True) == "local"
 
-    broken = PrefetchLoader(ids_1003, 10, columns=["id"], audit=True, audit_dir=tmp_path)
+    broken = PrefetchLoader(ids_1003, 10, columns=["id"], audit=Audit(dir=tmp_path))
     for step, _ in enumerate(broken):
         if step == 5:
             break
@@ -304,7 +300,7 @@ def test_two_dataloader_workers_through_audit_dir(ids_1003, tmp_path):
     worker to finish checks, the report lands in audit_dir); in epoch 1 worker 1 hands its batch
     1 (the rank's batch 3) out twice, and the CoverageError reaches the training loop through
     the DataLoader, naming the rows and the worker."""
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], audit=True, audit_dir=tmp_path)
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], audit=Audit(dir=tmp_path))
     data = DataLoader(
         loader,
         batch_size=None,

@@ -13,7 +13,7 @@ import re
 import pytest
 from support.audit_runs import read_to_end
 
-from lance_prefetch import CoverageError, PrefetchLoader
+from lance_prefetch import Audit, CoverageError, PrefetchLoader
 from lance_prefetch.loader._facade import loader_identity
 from lance_prefetch.state import check_state
 
@@ -127,7 +127,7 @@ def test_two_ranks_resumed_through_audit_dir_name_a_lost_or_replayed_batch(
 
     def make(rank):
         return PrefetchLoader(
-            ids_1003, 10, columns=["id"], rank=rank, world_size=2, audit=True, audit_dir=tmp_path
+            ids_1003, 10, columns=["id"], rank=rank, world_size=2, audit=Audit(dir=tmp_path)
         )
 
     state = _stopped_at(make, 20, ranks=(0, 1))
@@ -194,8 +194,7 @@ def test_ranks_that_read_differently_fail_on_every_rank(options, difference, ids
             columns=["id"],
             rank=rank,
             world_size=2,
-            audit=True,
-            audit_dir=tmp_path,
+            audit=Audit(dir=tmp_path),
             **option,
         )
         loader.set_epoch(epoch)

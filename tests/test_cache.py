@@ -16,9 +16,18 @@ import pyarrow as pa
 import pytest
 from support.helpers import WORKERS, batch_ids, collect, expected_rank_ids
 
-from lance_prefetch import BatchLoadError, PrefetchLoader, RetryPolicy
-from lance_prefetch.cache._disk import DiskCache, MemoryCache
+from lance_prefetch import (
+    BatchLoadError,
+    Dataset,
+    DiskCache,
+    MemoryCache,
+    PrefetchLoader,
+    ReadOptions,
+    RetryPolicy,
+)
+from lance_prefetch.cache import _disk
 from lance_prefetch.convert._arrow import fixed_row_bytes
+from lance_prefetch.options import as_cache
 from lance_prefetch.sources._lance import LanceSource
 
 CACHES = ["memory", "disk"]
@@ -60,12 +69,13 @@ def test_a_cache_gives_exactly_the_datasets_batches_from_one_scan(
     dataset.delete("id % 7 = 3")
     plain = PrefetchLoader(uri, 16, seed=4, drop_last=False)
     expected = [epoch_values(plain, epoch) for epoch in (0, 1)]
-    options = {"cache_dir": tmp_path / "cache"} if cache == "disk" else {}
-    cached = PrefetchLoader(uri, 16, seed=4, drop_last=False, cache=cache, **options)
+    if cache == "disk":
+        cache = DiskCache(dir=tmp_path / "cache")
+    cached = PrefetchLoader(uri, 16, seed=4, drop_last=False, cache=cache)
     cached._source.fill()  # epoch 0 is read by takes while the fill runs: wait for it first
     scans = count_scans(monkeypatch, uri)
     assert [epoch_values(cached, epoch) for epoch in (0, 1)] == expected
-    assert scans[0] == 0 and cached.cache == cache
+    assert scans[0] == 0 and cached.cache == as_cache(cache)
     stats = cached.stats()
     assert stats.cache_hit_ratio == 1.0  # epoch 1: every take served by the filled cache
 
@@ -129,10 +139,8 @@ def test_the_first_epoch_is_read_while_the_disk_copy_is_made(ids_1003, tmp_path,
     loader = PrefetchLoader(
         ids_1003,
         100,
-        coalesce=1,
-        cache="disk",
-        cache_dir=tmp_path / "c",
-        retry=RetryPolicy(timeout=0.2),
+        cache=DiskCache(dir=tmp_path / "c"),
+        read=ReadOptions(coalesce=1, retry=RetryPolicy(timeout=0.2)),
     )
     assert batch_ids(loader) == expected_rank_ids(loader)
     assert not loader._source.cached and loader.stats().cache_hit_ratio == 0.0
@@ -164,13 +172,13 @@ def test_memory_cache_size_is_checked_before_any_read(ids_1003, monkeypatch):
     assert fixed_row_bytes(source.schema) == 28
     monkeypatch.setattr(LanceSource, "scan", lambda *a, **k: pytest.fail("scanned"))
     with pytest.raises(ValueError) as info:
-        PrefetchLoader(ids_1003, 10, cache="memory", cache_bytes=28_000)
+        PrefetchLoader(ids_1003, 10, cache=MemoryCache(max_bytes=28_000))
     message = str(info.value)
-    assert "need 28,084 bytes (0.0 MiB), above cache_bytes=28000" in message
+    assert "need 28,084 bytes (0.0 MiB), above max_bytes=28000" in message
     assert "raise cache_bytes, read fewer columns, or use cache='disk'" in message
-    fits = PrefetchLoader(ids_1003, 10, cache="memory", cache_bytes=28_084, columns=None)
+    fits = PrefetchLoader(ids_1003, 10, cache=MemoryCache(max_bytes=28_084), columns=None)
     assert fits._source.cache_bytes == 28_084
-    narrow = PrefetchLoader(ids_1003, 10, columns=["label"], cache="memory", cache_bytes=8_024)
+    narrow = PrefetchLoader(ids_1003, 10, columns=["label"], cache=MemoryCache(max_bytes=8_024))
     assert narrow._source.cache_bytes == 8_024  # 8 bytes x 1003 rows fit
 
 
@@ -181,8 +189,8 @@ def test_memory_cache_of_variable_width_columns_stops_at_the_budget(tmp_path):
     assert fixed_row_bytes(LanceSource(uri).schema) is None
     loader = PrefetchLoader(uri, 10, columns=["id"], cache="memory")
     assert batch_ids(loader) == expected_rank_ids(loader)
-    small = PrefetchLoader(uri, 10, columns=["text"], cache="memory", cache_bytes=50_000)
-    with pytest.raises(MemoryError, match="need more than that, above cache_bytes=50000"):
+    small = PrefetchLoader(uri, 10, columns=["text"], cache=MemoryCache(max_bytes=50_000))
+    with pytest.raises(MemoryError, match="need more than that, above max_bytes=50000"):
         small._source.fill()  # the background fill, waited for
     assert small._source.nbytes == 0  # nothing kept
     with pytest.raises(BatchLoadError, match="not transient.*MemoryError") as info:
@@ -203,24 +211,24 @@ def test_memory_cache_pickles_without_its_rows(ids_1003):
 def test_disk_cache_is_keyed_by_version_and_columns_and_reused(fresh_ids, tmp_path, monkeypatch):
     uri = fresh_ids(300, rows_per_file=100)
     cache_dir = tmp_path / "cache"
-    first = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir)
+    first = PrefetchLoader(uri, 10, cache=DiskCache(dir=cache_dir))
     assert batch_ids(first) == expected_rank_ids(first)
     first._source.fill()  # the copy, made in the background meanwhile
     copies = sorted(p.name for p in cache_dir.glob("*.lance"))
     assert len(copies) == 1 and copies[0].startswith("data-v1-")
     # another loader (another run) reuses the copy: no scan
     monkeypatch.setattr(LanceSource, "scan", lambda *a, **k: pytest.fail("scanned again"))
-    again = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir, seed=9)
+    again = PrefetchLoader(uri, 10, cache=DiskCache(dir=cache_dir), seed=9)
     assert batch_ids(again) == expected_rank_ids(again)
     assert again.stats().cache_hit_ratio == 1.0  # found whole: the first epoch reads only it
     monkeypatch.undo()
     # another projection and another version each get their own copy, with their own rows
-    narrow = PrefetchLoader(uri, 10, columns=["id"], cache="disk", cache_dir=cache_dir)
+    narrow = PrefetchLoader(uri, 10, columns=["id"], cache=DiskCache(dir=cache_dir))
     assert batch_ids(narrow) == expected_rank_ids(narrow)
     narrow._source.fill()
     dataset = lance.dataset(uri)
     dataset.delete("id < 50")
-    newer = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir, drop_last=False)
+    newer = PrefetchLoader(uri, 10, cache=DiskCache(dir=cache_dir), drop_last=False)
     assert newer.version == 2 and newer.num_rows == 250
     live = list(range(50, 300))
     assert batch_ids(newer) == [[live[o] for o in b] for b in expected_rank_ids(newer)]
@@ -231,7 +239,7 @@ def test_disk_cache_is_keyed_by_version_and_columns_and_reused(fresh_ids, tmp_pa
 
 
 def _fill_and_read(uri: str, cache_dir: str, seed: int) -> list[list[int]]:
-    loader = PrefetchLoader(uri, 10, cache="disk", cache_dir=cache_dir, seed=seed)
+    loader = PrefetchLoader(uri, 10, cache=DiskCache(dir=cache_dir), seed=seed)
     ids = batch_ids(loader)
     loader._source.fill()  # the copy, made (or waited for) in the background meanwhile
     return ids
@@ -257,7 +265,7 @@ def test_two_processes_filling_one_disk_cache_at_once(fresh_ids, tmp_path):
 def test_disk_cache_default_dir_comes_from_the_environment(ids_1003, tmp_path, monkeypatch):
     monkeypatch.setenv("LANCE_PREFETCH_CACHE_DIR", str(tmp_path / "env"))
     loader = PrefetchLoader(ids_1003, 10, cache="disk")
-    assert isinstance(loader._source, DiskCache)
+    assert isinstance(loader._source, _disk.DiskCache)
     assert loader._source.path.parent == tmp_path / "env"
     assert not (tmp_path / "env").exists()  # nothing written before the first read
     next(iter(loader))
@@ -267,55 +275,63 @@ def test_disk_cache_default_dir_comes_from_the_environment(ids_1003, tmp_path, m
 
 def test_caches_read_s3_datasets_by_scan(s3, s3_ids_503, tmp_path):
     options = s3.storage_options()
-    plain = PrefetchLoader(s3_ids_503, 10, seed=2, drop_last=False, storage_options=options)
+    plain = PrefetchLoader(
+        Dataset(s3_ids_503, storage_options=options), 10, seed=2, drop_last=False
+    )
     expected = epoch_values(plain, 0)
     for cache, extra in (("memory", {}), ("disk", {"cache_dir": tmp_path / "c"})):
         loader = PrefetchLoader(
-            s3_ids_503, 10, seed=2, drop_last=False, storage_options=options, cache=cache, **extra
+            Dataset(s3_ids_503, storage_options=options),
+            10,
+            seed=2,
+            drop_last=False,
+            cache=cache,
+            **extra,
         )
         assert epoch_values(loader, 0) == expected
-    assert isinstance(loader._source, DiskCache)
+    assert isinstance(loader._source, _disk.DiskCache)
 
 
 @pytest.mark.parametrize(
-    ("options", "error", "match"),
+    ("make", "error", "match"),
     [
-        ({"cache": "ram"}, ValueError, r"cache should be 'memory' .* got cache='ram'"),
-        ({"cache": 1}, TypeError, r"cache should be 'memory', 'disk' or None, but got cache=1"),
-        ({"cache_bytes": 10}, ValueError, r"cache_bytes=10 applies to cache='memory' only"),
-        ({"cache": "disk", "cache_bytes": 10}, ValueError, r"applies to cache='memory' only"),
+        (lambda: as_cache("ram"), ValueError, r"^cache should be None, 'memory', 'disk', a Memory"),
+        (lambda: as_cache(1), TypeError, r"^cache should be None, 'memory', 'disk', a MemoryCa"),
+        (lambda: MemoryCache(max_bytes=0), ValueError, r"^max_bytes should be an integer >= 1"),
+        (lambda: MemoryCache(max_bytes=1.5), TypeError, r"^max_bytes should be an integer"),
+        (lambda: DiskCache(dir=3), TypeError, r"^DiskCache: dir should be a path"),
+        (lambda: DiskCache(dir=""), ValueError, r"^DiskCache: dir should be a folder"),
         (
-            {"cache": "memory", "cache_bytes": 0},
+            lambda: DiskCache(dir=__file__),
             ValueError,
-            r"cache_bytes should be an integer >= 1",
-        ),
-        ({"cache": "memory", "cache_bytes": 1.5}, TypeError, r"cache_bytes should be an integer"),
-        ({"cache_dir": "/tmp/x"}, ValueError, r"cache_dir applies to cache='disk' only"),
-        ({"cache": "disk", "cache_dir": 3}, TypeError, r"cache_dir should be a path"),
-        ({"cache": "disk", "cache_dir": ""}, ValueError, r"cache_dir should be a folder"),
-        (
-            {"cache": "disk", "cache_dir": __file__},
-            ValueError,
-            rf"^cache_dir should be a folder \(created if missing\), but got cache_dir="
+            rf"^DiskCache: dir should be a folder \(created if missing\), but got dir="
             rf"'{re.escape(__file__)}', which is not a folder; pass a folder this process can write$",
         ),
         (
-            {"cache": "disk", "cache_dir": __file__ + "/below/cache"},
+            lambda: DiskCache(dir=__file__ + "/below/cache"),
             ValueError,
-            rf"^cache_dir should be a folder .*, below '{re.escape(__file__)}', which is not a "
-            rf"folder; pass a folder this process can write$",
+            rf"^DiskCache: dir should be a folder .*, below '{re.escape(__file__)}', which is not "
+            rf"a folder; pass a folder this process can write$",
         ),
-        ({"cache": "disk", "cache_dir": "/dev/null"}, ValueError, r"'/dev/null', which is not a"),
-        ({"coalesce": 9, "readahead": 8}, ValueError, r"coalesce should be <= readahead"),
+        (lambda: DiskCache(dir="/dev/null"), ValueError, r"'/dev/null', which is not a"),
     ],
 )
-def test_bad_cache_options_are_refused_before_any_io(options, error, match):
+def test_bad_cache_options_are_refused_before_any_io(make, error, match):
     with pytest.raises(error, match=match):
-        PrefetchLoader("/nonexistent/data.lance", 10, **options)
+        make()
+
+
+@pytest.mark.parametrize("cache", ["ram", 1, True])
+def test_the_loader_refuses_a_bad_cache_before_any_io(cache):
+    error = ValueError if isinstance(cache, str) else TypeError
+    with pytest.raises(
+        error, match=r"^cache should be None, 'memory', 'disk', a MemoryCache or a "
+    ):
+        PrefetchLoader("/nonexistent/data.lance", 10, cache=cache)
 
 
 def test_memory_source_takes_check_offsets(ids_1003):
-    source = MemoryCache(LanceSource(ids_1003), 1 << 20)
+    source = _disk.MemoryCache(LanceSource(ids_1003), 1 << 20)
     with pytest.raises(IndexError, match=r"row offsets must be in \[0, 1003\)"):
         source.take(np.array([0, 1003]))
     assert not source.cached  # refused before the fill
@@ -324,17 +340,18 @@ def test_memory_source_takes_check_offsets(ids_1003):
 
 def test_a_cache_dir_that_cannot_be_made_is_the_reads_error_naming_cache_dir(ids_1003):
     """``/proc`` is a folder, so the path passes the check at construction, but nothing can be
-    made in it: every read raises the fill's error, which names ``cache_dir`` and the fix."""
-    loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir="/proc/lance-prefetch-cache")
+    made in it: every read raises the fill's error, which names the folder and the fix."""
+    loader = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir="/proc/lance-prefetch-cache"))
     with pytest.raises(BatchLoadError) as info:
         next(iter(loader))
     message = str(info.value)
     assert (
-        "cache='disk': cache_dir='/proc/lance-prefetch-cache' cannot hold the copy of "
+        "DiskCache: dir='/proc/lance-prefetch-cache' cannot hold the copy of "
         f"{ids_1003!r} (" in message
     )
     assert message.endswith(
-        "); pass a folder this process can write as cache_dir, or set $LANCE_PREFETCH_CACHE_DIR"
+        "); pass cache=DiskCache(dir=...) with a folder this process can write, or set "
+        "$LANCE_PREFETCH_CACHE_DIR"
     )
     assert isinstance(info.value.__cause__, OSError)
 
@@ -395,7 +412,7 @@ def test_the_cache_dir_variable_is_checked_as_cache_dir_is_and_expands_the_home(
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("LANCE_PREFETCH_CACHE_DIR", "~/variable")
     assert PrefetchLoader(ids_25, 5, cache="disk")._source.cache_dir == tmp_path / "variable"
-    given = PrefetchLoader(ids_25, 5, cache="disk", cache_dir="~/given")
+    given = PrefetchLoader(ids_25, 5, cache=DiskCache(dir="~/given"))
     assert given._source.cache_dir == tmp_path / "given"
 
 

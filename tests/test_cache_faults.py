@@ -23,15 +23,16 @@ import pytest
 from support.disks import LANCE_ENOSPC, SmallDisk
 from support.helpers import batch_ids, checkout_env, expected_rank_ids
 
-from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch import BatchLoadError, DiskCache, PrefetchLoader, ReadOptions
 from lance_prefetch.cache import _files as cache_files
 from lance_prefetch.cache._files import RECORD, check_copy
 from lance_prefetch.cache._filling import THREAD_NAME
 from lance_prefetch.sources._lance import LanceSource
 
 FIXES = (
-    "nothing of it was kept. Free space there, pass cache_dir= a folder on a disk with room, or "
-    "use cache='memory' (rows held in each process) or cache=None (read the dataset directly)"
+    "nothing of it was kept. Free space there, pass cache=DiskCache(dir=...) with a folder on a "
+    "disk with room, or use cache='memory' (rows held in each process) or cache=None (read the "
+    "dataset directly)"
 )
 
 
@@ -92,8 +93,8 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
         assert not (kind == "injected" and disk.mounted)  # "tmpfs" mounts where it may (here)
         cache_dir = disk.path / "cache"
         disk.fill(leave=16 << 10)
-        loader = PrefetchLoader(uri, 100, cache="disk", cache_dir=cache_dir)
-        narrow = PrefetchLoader(text_uri, 100, columns=["text"], cache="disk", cache_dir=cache_dir)
+        loader = PrefetchLoader(uri, 100, cache=DiskCache(dir=cache_dir))
+        narrow = PrefetchLoader(text_uri, 100, columns=["text"], cache=DiskCache(dir=cache_dir))
         errors = []
         for each in (loader, narrow):
             each._source.prepare()  # what iter() does: the fill starts in the background
@@ -115,7 +116,7 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
         ):
             assert error.errno == errno.ENOSPC
             assert str(error) == (
-                f"cache='disk': the disk of cache_dir={str(cache_dir)!r} is full: the copy of "
+                f"DiskCache: the disk of dir={str(cache_dir)!r} is full: the copy of "
                 f"{what} did not fit in the {free_bytes(str(error)):,} bytes free there; {FIXES}"
             )
             if disk.mounted:  # the kernel's own error, through Lance; the space is measured
@@ -130,7 +131,7 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
             assert not each._source.cached
         disk.free()
         copies = count_copies(monkeypatch)
-        again = PrefetchLoader(uri, 100, cache="disk", cache_dir=cache_dir, seed=5)
+        again = PrefetchLoader(uri, 100, cache=DiskCache(dir=cache_dir), seed=5)
         assert read(again) == expected_rank_ids(again)
         assert read(loader) == expected_rank_ids(loader)  # the failed loader, its next iter
         assert copies[0] == 1  # filled once, then reused
@@ -229,7 +230,7 @@ def test_a_damaged_copy_is_found_at_open_and_filled_again(ids_1003, tmp_path, mo
     warns naming the damage, sets the copy aside and fills it again; exact rows, one new fill,
     nothing of the damaged copy left."""
     cache_dir = tmp_path / "cache"
-    first = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir)
+    first = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir))
     assert read(first) == expected_rank_ids(first)
     copy = first._source.path
     if damage.startswith("bytes flipped"):
@@ -241,7 +242,7 @@ def test_a_damaged_copy_is_found_at_open_and_filled_again(ids_1003, tmp_path, mo
     else:
         reason = DAMAGES[damage](copy)
     copies = count_copies(monkeypatch)
-    second = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, seed=3)
+    second = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=3)
     message = f"the copy {str(copy)!r} of {ids_1003!r} version 1 is damaged: {reason}; filling"
     with pytest.warns(RuntimeWarning, match=re.escape(message)):
         ids = read(second)
@@ -259,7 +260,7 @@ def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_rea
     its bytes is read once, by the background fill (never by ``iter()`` in the training thread),
     kept (no new fill, no warning) and its new stamp recorded."""
     cache_dir = tmp_path / "cache"
-    first = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir)
+    first = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir))
     assert read(first) == expected_rank_ids(first)
     copy = first._source.path
     summed = []
@@ -275,7 +276,7 @@ def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_rea
     for touch in (False, True, False):
         if touch:
             os.utime(data_file(copy))
-        loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, seed=7)
+        loader = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=7)
         assert read(loader) == expected_rank_ids(loader)
         assert summed == ([data_file(copy)] if touch else [])
         summed.clear()
@@ -288,7 +289,9 @@ def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(
     """The copy's data file truncated mid-epoch: the batches read before are exact, then a
     BatchLoadError (not retried) names the copy and tells to delete it; the next run refills."""
     cache_dir = tmp_path / "cache"
-    loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, coalesce=1)
+    loader = PrefetchLoader(
+        ids_1003, 50, cache=DiskCache(dir=cache_dir), read=ReadOptions(coalesce=1)
+    )
     expected = expected_rank_ids(loader)
     loader._source.fill()  # the copy open before the first read, so every take reads it
     iterator = iter(loader)
@@ -309,7 +312,7 @@ def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(
         "; it may be damaged: delete it (the next run fills it again), or use cache='memory' "
         "or cache=None"
     )
-    again = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir, seed=1)
+    again = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=1)
     with pytest.warns(RuntimeWarning, match=r"is damaged: its file data/.* has 0 bytes, not"):
         assert read(again) == expected_rank_ids(again)
 
@@ -320,7 +323,7 @@ def test_what_killed_fills_left_is_removed_by_the_next_fill_of_that_copy(ids_100
     aside leaves that copy; one killed while restamping leaves a record file: the next fill of
     the same copy (holding its lock) removes them; another copy's are left alone."""
     cache_dir = tmp_path / "cache"
-    loader = PrefetchLoader(ids_1003, 50, cache="disk", cache_dir=cache_dir)
+    loader = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir))
     name = loader._source.path.name
     cache_dir.mkdir()
     ours = [f".partial-{name}-k1l2", f".damaged-{name}-0a1b2c3d", f".record-{name}-9f8e7d6c"]

@@ -15,7 +15,7 @@ import pytest
 import torch
 from support.helpers import batch_ids, expected_rank_ids, loop_threads, wait_until
 
-from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch import BatchLoadError, Dataset, PrefetchLoader, ReadOptions
 from lance_prefetch.cache._gathered import gathered
 from lance_prefetch.convert._arrow import to_tensors
 from lance_prefetch.loader._config import LoaderConfig
@@ -77,9 +77,11 @@ def test_a_loader_aims_at_larger_takes_on_an_object_store(s3, s3_ids_503, ids_10
     options = s3.storage_options()
     assert remote(s3_ids_503) and remote(f"{ids_1003} + {s3_ids_503}") and not remote(ids_1003)
     assert remote_target(503, 8) == TARGET_ROWS
-    assert PrefetchLoader(s3_ids_503, 16, storage_options=options).coalesce == 4096 // 16
+    assert PrefetchLoader(Dataset(s3_ids_503, storage_options=options), 16).coalesce == 4096 // 16
     assert PrefetchLoader(ids_1003, 16).coalesce == 4096 // 16
-    assert PrefetchLoader(s3_ids_503, 16, storage_options=options, readahead=8).coalesce == 4
+    assert (
+        PrefetchLoader(Dataset(s3_ids_503, storage_options=options), 16, readahead=8).coalesce == 4
+    )
 
 
 @pytest.mark.parametrize(
@@ -138,10 +140,7 @@ def test_a_2m_row_object_store_source_resolves_to_the_rule_and_one_take_in_fligh
 
 def test_an_explicit_coalesce_is_kept_up_to_readahead():
     assert coalesce_size(5, 64, 5) == 5
-    with pytest.raises(
-        ValueError, match=r"coalesce should be <= readahead.*coalesce=6 > readahead=5"
-    ):
-        coalesce_size(6, 64, 5)
+    assert coalesce_size(6, 64, 5) == 5  # a take's batches all hold readahead slots
 
 
 @pytest.mark.parametrize(
@@ -156,9 +155,7 @@ def test_an_explicit_coalesce_is_kept_up_to_readahead():
 )
 def test_bad_coalesce_values(value, error, match):
     with pytest.raises(error, match=match):
-        LoaderConfig(batch_size=4, coalesce=value)  # the one check, before any I/O
-    with pytest.raises(error, match=match):
-        PrefetchLoader("/nonexistent.lance", 4, coalesce=value)  # refused before any I/O
+        ReadOptions(coalesce=value)  # the one check, before any I/O
 
 
 def test_groups_and_split_give_back_each_batch_exactly():
@@ -278,7 +275,11 @@ def test_a_coalesced_epoch_is_the_plan_with_one_take_per_group(
     """11 batches: takes of 1, 2, 4, ... batches up to ``coalesce``, and at most
     ceil(11 / (2 * max_in_flight)) (6 with one take in flight, 2 with four)."""
     loader = PrefetchLoader(
-        ids_1003, 100, drop_last=False, readahead=8, coalesce=coalesce, max_in_flight=max_in_flight
+        ids_1003,
+        100,
+        drop_last=False,
+        readahead=8,
+        read=ReadOptions(coalesce=coalesce, max_in_flight=max_in_flight),
     )
     taken = _recorded_takes(monkeypatch)
     batches = list(loader)
@@ -296,7 +297,12 @@ def test_coalesced_takes_on_another_rank(ids_1003, monkeypatch):
     """Rank 1 of 2 groups its own 21 batches: takes of 1, 2, then 3 of them, its batches
     exactly."""
     loader = PrefetchLoader(
-        ids_1003, 25, rank=1, world_size=2, coalesce=3, drop_last=False, max_in_flight=1
+        ids_1003,
+        25,
+        rank=1,
+        world_size=2,
+        drop_last=False,
+        read=ReadOptions(coalesce=3, max_in_flight=1),
     )
     taken = _recorded_takes(monkeypatch)
     expected = expected_rank_ids(loader, 1)
@@ -320,7 +326,9 @@ def test_groups_of_a_dataloader_worker_are_its_own_batches():
 def test_readahead_counts_batches_not_takes(ids_1003, monkeypatch):
     """readahead=6, coalesce=3, a take stalls: at most 6 batches (2 takes) held, never more,
     also while the loop holds the rest of a group it received."""
-    loader = PrefetchLoader(ids_1003, 10, readahead=6, max_in_flight=2, coalesce=3)
+    loader = PrefetchLoader(
+        ids_1003, 10, readahead=6, read=ReadOptions(max_in_flight=2, coalesce=3)
+    )
     stalled = threading.Event()
     original = LanceSource.take
     slow = sum((loader.epoch_plan().batch(p).indices.tolist() for p in (6, 7, 8)), [])
@@ -349,7 +357,7 @@ def test_readahead_counts_batches_not_takes(ids_1003, monkeypatch):
 
 
 def test_a_failed_coalesced_take_names_its_batches_after_the_ones_before(ids_1003, monkeypatch):
-    loader = PrefetchLoader(ids_1003, 10, coalesce=3, retry=None)
+    loader = PrefetchLoader(ids_1003, 10, read=ReadOptions(coalesce=3, retry=None))
     bad = sum((loader.epoch_plan().batch(p).indices.tolist() for p in (3, 4, 5)), [])
     original = LanceSource.take
 
@@ -384,7 +392,7 @@ def test_a_failed_conversion_in_a_group_comes_after_the_batches_before_it(ids_10
             raise ValueError("bad row")
         return batch
 
-    loader = PrefetchLoader(ids_1003, 10, coalesce=3, transform=transform)
+    loader = PrefetchLoader(ids_1003, 10, transform=transform, read=ReadOptions(coalesce=3))
     iterator = iter(loader)
     assert [next(iterator)["id"].tolist() for _ in range(4)] == plan_ids[:4]
     assert loader.state_dict()["position"] == 4
@@ -398,20 +406,22 @@ def test_a_failed_conversion_in_a_group_comes_after_the_batches_before_it(ids_10
 
 
 def test_resuming_mid_group_reads_exactly_the_rest(ids_1003):
-    loader = PrefetchLoader(ids_1003, 10, coalesce=4, seed=5)
+    loader = PrefetchLoader(ids_1003, 10, seed=5, read=ReadOptions(coalesce=4))
     expected = expected_rank_ids(loader)
     iterator = iter(loader)
     first = [next(iterator)["id"].tolist() for _ in range(6)]  # group 0 and half of group 1
     state = loader.state_dict()
     iterator.close()
     assert state["position"] == 6
-    resumed = PrefetchLoader(ids_1003, 10, coalesce=3, seed=5)  # another grouping: same batches
+    resumed = PrefetchLoader(
+        ids_1003, 10, seed=5, read=ReadOptions(coalesce=3)
+    )  # another grouping: same batches
     resumed.load_state_dict(state)
     assert first + batch_ids(resumed) == expected
 
 
 def test_closing_mid_group_drops_the_rest(ids_1003):
-    loader = PrefetchLoader(ids_1003, 10, coalesce=4)
+    loader = PrefetchLoader(ids_1003, 10, read=ReadOptions(coalesce=4))
     iterator = iter(loader)
     next(iterator)
     loader.close()
@@ -423,7 +433,9 @@ def test_closing_mid_group_drops_the_rest(ids_1003):
 def test_groups_run_concurrently(ids_1003, monkeypatch):
     """max_in_flight counts takes: with coalesce=2, readahead=8, max_in_flight=4, four takes of
     two batches each run at once."""
-    loader = PrefetchLoader(ids_1003, 10, coalesce=2, readahead=8, max_in_flight=4)
+    loader = PrefetchLoader(
+        ids_1003, 10, readahead=8, read=ReadOptions(coalesce=2, max_in_flight=4)
+    )
     original = LanceSource.take
     running, most = [0], [0]
     lock = threading.Lock()
@@ -446,7 +458,7 @@ def test_close_from_another_thread_mid_group_ends_the_iteration(ids_1003):
     """close() clears the rest of a group while next() may be reading it: next() then ends the
     iteration (StopIteration), never an IndexError."""
     for _ in range(30):
-        loader = PrefetchLoader(ids_1003, 10, coalesce=8, readahead=16)
+        loader = PrefetchLoader(ids_1003, 10, readahead=16, read=ReadOptions(coalesce=8))
         iterator = iter(loader)
         next(iterator)
         closer = threading.Thread(target=loader.close)
@@ -493,10 +505,9 @@ def test_closing_stops_the_transforms_of_a_group_being_converted(ids_1003):
         ids_1003,
         10,
         columns=["id"],
-        coalesce=4,
         readahead=8,
-        max_in_flight=1,
         transform=lambda b: gate(b),
+        read=ReadOptions(coalesce=4, max_in_flight=1),
     )
     expected = expected_rank_ids(loader)
     closed, transformed = threading.Event(), []

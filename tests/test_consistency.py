@@ -41,7 +41,7 @@ from support.helpers import (
 from support.writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
 from torch.utils.data import DataLoader
 
-from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch import BatchLoadError, Dataset, PrefetchLoader, ReadOptions
 from lance_prefetch.sources._lance import LanceSource, ShortReadError
 from lance_prefetch.sources._options import SourceOptions
 
@@ -133,7 +133,7 @@ def read_with_write_mid_epoch(loader: PrefetchLoader, monkeypatch, write_now) ->
     """Read epoch 0 of ``loader`` (``readahead=8``, ``max_in_flight=4``, 4 batches a take); after
     its first batch, with the next takes in flight and held at their start, call ``write_now()``.
     Returns every batch of the epoch."""
-    assert (loader.readahead, loader.max_in_flight, loader.coalesce) == (8, 4, 4)
+    assert (loader.readahead, loader.read.max_in_flight, loader.coalesce) == (8, 4, 4)
     loader.set_epoch(0)
     # An iteration's takes ramp up to 4 batches: batch 0 alone (let through), batches 1-2, 3-6
     # (both held: 2 + 4 of the 8 readahead slots; the next take of 4 would not fit), 7-10, ...
@@ -155,7 +155,9 @@ def test_a_write_mid_epoch_changes_nothing_in_this_or_later_epochs(
     fresh_ids, monkeypatch, operations
 ):
     uri = fresh_ids(1003, rows_per_file=300)
-    loader = PrefetchLoader(uri, 10, columns=["id", "label"], seed=3, readahead=8, max_in_flight=4)
+    loader = PrefetchLoader(
+        uri, 10, columns=["id", "label"], seed=3, readahead=8, read=ReadOptions(max_in_flight=4)
+    )
     expected = expected_rank_ids(loader)
 
     batches = read_with_write_mid_epoch(
@@ -179,7 +181,14 @@ def test_a_writer_process_mid_epoch_changes_nothing(fresh_ids, monkeypatch):
     """The writer is a separate process (its own Lance runtime), rank 1 of 2 reads."""
     uri = fresh_ids(1003, rows_per_file=300)
     loader = PrefetchLoader(
-        uri, 10, columns=["id", "label"], seed=4, readahead=8, max_in_flight=4, rank=1, world_size=2
+        uri,
+        10,
+        columns=["id", "label"],
+        seed=4,
+        readahead=8,
+        rank=1,
+        world_size=2,
+        read=ReadOptions(max_in_flight=4),
     )
     expected = expected_rank_ids(loader)
     operations = ("append", "delete", "overwrite")
@@ -199,7 +208,13 @@ def test_a_writer_looping_through_the_epoch_changes_nothing(make_loader, fresh_i
     writes interleave with the reads all through the epoch."""
     uri = fresh_ids(1003, rows_per_file=100)
     loader = make_loader(
-        uri, 4, columns=["id", "label"], seed=5, readahead=8, max_in_flight=4, drop_last=False
+        uri,
+        4,
+        columns=["id", "label"],
+        seed=5,
+        readahead=8,
+        drop_last=False,
+        read=ReadOptions(max_in_flight=4),
     )
     expected = expected_rank_ids(loader)
     stop = threading.Event()
@@ -274,8 +289,8 @@ def test_a_writer_process_mid_epoch_through_spawn_workers(make_loader, fresh_ids
         columns=["id", "label"],
         seed=6,
         readahead=4,
-        max_in_flight=2,
         transform=WaitForFlag(str(flag), free),
+        read=ReadOptions(max_in_flight=2),
     )
     loader.set_epoch(0)
     expected = expected_rank_ids(loader)
@@ -334,7 +349,9 @@ def test_a_loader_on_an_older_version_reads_that_version(make_loader, fresh_ids)
     assert lance.dataset(uri).version == 7 and len(live_ids(uri)) == 200
     cases = [(1, 500), (2, 1000), (3, 900), (4, 300), (5, 200), ("before-overwrite", 900)]
     for version, num_rows in cases:
-        loader = make_loader(uri, 8, columns=["id", "label"], drop_last=False, version=version)
+        loader = make_loader(
+            Dataset(uri, version=version), 8, columns=["id", "label"], drop_last=False
+        )
         live = live_ids(uri, loader.version)
         assert loader.num_rows == num_rows == len(live)
         assert loader.version == (3 if version == "before-overwrite" else version)
@@ -352,7 +369,12 @@ def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_
     BatchLoadError (Lance: not found), and so do later epochs and fresh copies of the loader."""
     uri = fresh_ids(1003, rows_per_file=300)
     loader = PrefetchLoader(
-        uri, 10, columns=["id", "label"], seed=9, readahead=8, max_in_flight=4, coalesce=1
+        uri,
+        10,
+        columns=["id", "label"],
+        seed=9,
+        readahead=8,
+        read=ReadOptions(max_in_flight=4, coalesce=1),
     )  # one take per batch: the batch after the first fails alone (coalesced: test_coalesce.py)
     # (the seed matters: Lance can still serve some rows of the removed files from what it read
     # for batch 0, e.g. seed 8's batch 1 since the seed derivation changed; seed 9's batch 1
@@ -400,7 +422,7 @@ def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_
     with pytest.raises(
         ValueError, match=rf"version=1 does not exist .* latest version is {latest}$"
     ):
-        PrefetchLoader(uri, 10, version=1)
+        PrefetchLoader(Dataset(uri, version=1), 10)
 
 
 def gone_message(uri: str, version: int) -> str:
@@ -455,14 +477,12 @@ def test_the_pinned_versions_files_removed_mid_epoch_end_it_with_an_error_naming
         files = {f"data/{path.name}" for path in Path(uri, "data").iterdir()}
     assert len(files) == 4
     loader = PrefetchLoader(
-        uri,
+        Dataset(uri, storage_options=options),
         10,
         columns=["id", "label"],
         seed=4,
         readahead=4,
-        max_in_flight=2,
-        coalesce=1,
-        storage_options=options,
+        read=ReadOptions(max_in_flight=2, coalesce=1),
     )
     plan = expected_rank_ids(loader, epoch=0)
     iterator = iter(loader)
@@ -551,7 +571,12 @@ def test_a_tagged_version_survives_compaction_and_cleanup_mid_epoch(fresh_ids, m
     uri = fresh_ids(1003, rows_per_file=300)
     lance.dataset(uri).tags.create("training", 1)
     loader = PrefetchLoader(
-        uri, 10, columns=["id", "label"], seed=9, version="training", readahead=8, max_in_flight=4
+        Dataset(uri, version="training"),
+        10,
+        columns=["id", "label"],
+        seed=9,
+        readahead=8,
+        read=ReadOptions(max_in_flight=4),
     )
     expected = expected_rank_ids(loader)
 
@@ -581,7 +606,9 @@ def test_a_short_result_from_lance_is_an_error_naming_the_counts(fresh_ids, monk
     """The opened dataset's take drops the last row of batch 2: batches 0 and 1 arrive, then
     BatchLoadError naming 9 rows for 10 offsets; never a 9-row batch."""
     uri = fresh_ids(100, rows_per_file=30)
-    loader = PrefetchLoader(uri, 10, columns=["id"], readahead=4, max_in_flight=2, coalesce=1)
+    loader = PrefetchLoader(
+        uri, 10, columns=["id"], readahead=4, read=ReadOptions(max_in_flight=2, coalesce=1)
+    )
     expected = expected_rank_ids(loader)
     dataset = loader._source._opened()
     original = dataset.take

@@ -22,7 +22,7 @@ from support.fakes import ids_table
 from support.helpers import WORKERS, batch_ids, collect
 from torch.utils.data import ChainDataset, DataLoader
 
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import Dataset, DiskCache, Mixture, PrefetchLoader, ReadOptions
 from lance_prefetch.plan._mixture import epoch_length, mixture_counts
 from lance_prefetch.plan.permutation import make_permutation
 from lance_prefetch.sources import _multi
@@ -47,7 +47,8 @@ def two(tmp_path, s3, fresh_s3_ids):
 
 def concat(two, **kwargs) -> PrefetchLoader:
     sources, options = two
-    return PrefetchLoader(sources, 10, columns=["id"], storage_options=options, seed=3, **kwargs)
+    datasets = [Dataset(uri, storage_options=o) for uri, o in zip(sources, options, strict=True)]
+    return PrefetchLoader(datasets, 10, columns=["id"], seed=3, **kwargs)
 
 
 def ids_at(positions) -> list[int]:
@@ -100,7 +101,7 @@ def test_concatenation_resumes_mid_epoch_and_on_another_world_size(two):
 
 @pytest.mark.timeout(60)
 def test_a_batch_across_datasets_is_one_take_per_dataset_in_the_plans_order(two):
-    loader = concat(two, coalesce=1, readahead=1, max_in_flight=1)
+    loader = concat(two, readahead=1, read=ReadOptions(coalesce=1, max_in_flight=1))
     takes = []
     for index, inner in enumerate(loader._source.sources):
         read = inner.take
@@ -121,9 +122,14 @@ def test_a_resume_over_another_list_of_datasets_is_refused_naming_the_difference
     other = write_shifted(tmp_path / "other.lance", LOCAL_ROWS, LOCAL)
     sources, options = two
     with pytest.raises(ValueError) as error:
-        PrefetchLoader([other, sources[1]], 10, storage_options=options, seed=3).load_state_dict(
-            state
-        )
+        PrefetchLoader(
+            [
+                Dataset(other, storage_options=options[0]),
+                Dataset(sources[1], storage_options=options[1]),
+            ],
+            10,
+            seed=3,
+        ).load_state_dict(state)
     assert str(error.value) == (
         f"state does not match this loader: datasets[0] is {sources[0]!r} version 1 in the state "
         f"but {other!r} version 1 in this loader. Build the loader with the state's values to "
@@ -165,20 +171,19 @@ def test_a_column_of_another_type_is_refused_naming_dataset_column_and_both_type
 def test_weights_take_numpy_numbers_and_arrays(ids_25):
     # np.int64 is a number (numbers.Integral); a 1-D array is a list of them
     for weights in ([np.int64(3), 1], np.array([3, 1]), np.array([0.75, 0.25])):
-        loader = PrefetchLoader([ids_25, ids_25], 4, weights=weights)
+        loader = PrefetchLoader(Mixture([ids_25, ids_25], weights=weights), 4)
         assert loader.state_dict()["weights"] == [0.75, 0.25]
     with pytest.raises(TypeError, match=r"^weights\[0\] should be a number, but got True"):
-        PrefetchLoader([ids_25, ids_25], 4, weights=[True, 1])
-    with pytest.raises(ValueError) as error:  # one weight value is no fix: weights needs a list
-        PrefetchLoader(ids_25, 4, weights=[1, 2])
-    assert str(error.value).endswith("pass source=[uri_a, uri_b, ...] or leave weights out")
+        PrefetchLoader(Mixture([ids_25, ids_25], weights=[True, 1]), 4)
+    with pytest.raises(TypeError, match=r"^weights should be a list of numbers, one per dataset"):
+        Mixture([ids_25, ids_25], weights=0.5)
 
 
 def test_huge_and_tiny_weights_normalise_without_overflow(ids_25):
     """Weights near the float limits are proportions like any others: [1e308, 1e308] and
     [1e-320, 1e-320] are [0.5, 0.5] (was: OverflowError from the sum, from floor(25 / 1e-320))."""
     for weights in ([1e308, 1e308], [1e-320, 1e-320], [5e-324, 5e-324]):
-        loader = PrefetchLoader([ids_25, ids_25], 5, weights=weights)
+        loader = PrefetchLoader(Mixture([ids_25, ids_25], weights=weights), 5)
         assert loader.state_dict()["weights"] == [0.5, 0.5] and len(loader) == 10
     assert epoch_length([1.0, 1e-320], [25, 25]) == 25  # 25 / 1e-320 overflows: no bound
 
@@ -196,33 +201,39 @@ def test_a_weight_that_leaves_a_dataset_no_row_is_refused(ids_25, weights, share
     """Was: [1, 1e-12] read dataset 1 zero rows every epoch, silently; [1, 1e-320] raised a bare
     OverflowError."""
     with pytest.raises(ValueError) as info:
-        PrefetchLoader([ids_25, ids_25], 5, weights=weights)
+        PrefetchLoader(Mixture([ids_25, ids_25], weights=weights), 5)
     assert str(info.value) == (
         f"weights: source[1] ({ids_25!r}) would give no row to any epoch: weights[1] is {share} "
         f"of the weights' sum, and an epoch of the mixture holds 25 rows (25 * {share} = {rows} "
         f"rows, rounded to 0); raise weights[1] to at least 1/25 of the weights' sum, or leave "
         f"source[1] out"
     )
-    assert len(PrefetchLoader([ids_25, ids_25], 5, weights=[24, 1])) == 5  # 1/25: one row
+    assert len(PrefetchLoader(Mixture([ids_25, ids_25], weights=[24, 1]), 5)) == 5  # 1/25: one row
 
 
-def test_lists_of_options_must_match_the_list_of_datasets(ids_25):
+def test_a_mixture_checks_its_datasets_and_weights_before_any_io(ids_25):
     with pytest.raises(ValueError) as error:
-        PrefetchLoader([ids_25, ids_25], 4, version=[1, 1, 1])
+        Mixture([ids_25, ids_25], weights=[1, 1, 1])
     assert str(error.value) == (
-        "version lists 3 values, but source lists 2 datasets; give one per dataset, in the "
-        "order of source (or one value for all)"
+        "Mixture: weights lists 3 values, but datasets lists 2; give one weight per dataset, "
+        "in the order of datasets"
     )
-    with pytest.raises(ValueError, match=r"^storage_options is a list, which applies to a list "):
-        PrefetchLoader(ids_25, 4, storage_options=[{}])
-    with pytest.raises(ValueError, match=r"^weights is a list, which applies to a list of datas"):
-        PrefetchLoader(ids_25, 4, weights=[1, 2])
+    with pytest.raises(ValueError) as error:
+        Mixture([ids_25], weights=[1, 2])
+    assert str(error.value) == (
+        "Mixture: datasets should list at least two datasets, but got 1; pass one dataset as "
+        "source directly"
+    )
+    with pytest.raises(TypeError, match=r"^Mixture: datasets should be a list of datasets, but"):
+        Mixture(ids_25, weights=[1, 2])
+    with pytest.raises(TypeError, match=r"^datasets\[1\] should be a dataset URI \(str or os"):
+        Mixture([ids_25, 3], weights=[1, 2])
     with pytest.raises(ValueError, match=r"^weights\[1\] should be a finite number > 0, but got 0"):
-        PrefetchLoader([ids_25, ids_25], 4, weights=[1, 0])
-    with pytest.raises(ValueError, match=r"^weights mixes datasets into shuffled epochs, but shu"):
-        PrefetchLoader([ids_25, ids_25], 4, weights=[1, 1], shuffle=False)
+        Mixture([ids_25, ids_25], weights=[1, 0])
     with pytest.raises(ValueError, match=r"^source is an empty list"):
         PrefetchLoader([], 4)
+    with pytest.raises(TypeError, match=r"^source\[1\] should be a dataset URI \(str or os"):
+        PrefetchLoader([ids_25, 3], 4)
 
 
 def test_each_dataset_has_its_own_filter_and_cache(tmp_path):
@@ -255,7 +266,7 @@ def test_the_rows_a_cache_holds_are_counted_per_dataset_of_a_concatenation_and_a
     assert concat._source.cached_rows(positions[10:20]) == 5  # positions 10 .. 14 are the first's
     plain = PrefetchLoader([first, second], 4, filter="label < 3", drop_last=False)
     assert plain._source.cached_rows(positions) is None
-    mixed = PrefetchLoader([first, second], 4, weights=[1, 1], **options)
+    mixed = PrefetchLoader(Mixture([first, second], weights=[1, 1]), 4, **options)
     mixed._source.sources[0].fill()
     for epoch in (0, 1):
         view = _multi.epoch_view(mixed._source, epoch)
@@ -264,7 +275,7 @@ def test_the_rows_a_cache_holds_are_counted_per_dataset_of_a_concatenation_and_a
     with pytest.raises(RuntimeError, match="for_epoch"):
         mixed._source.cached_rows(positions)
     # a filter over a disk copy: none held before the copy is open, every selected row after
-    disk = PrefetchLoader(first, 4, filter="label < 3", cache="disk", cache_dir=tmp_path / "c")
+    disk = PrefetchLoader(first, 4, filter="label < 3", cache=DiskCache(dir=tmp_path / "c"))
     assert disk._source.cached_rows(np.arange(15)) == 0
     disk._source.inner.fill()
     assert disk._source.cached_rows(np.arange(15)) == 15
@@ -280,7 +291,7 @@ def test_two_dataloader_workers_read_the_concatenation_and_a_mixture_as_planned(
         write_shifted(tmp_path / "b.lance", 30, 0),
     ]
     both = PrefetchLoader(paths, 8, columns=["id"], seed=1)
-    mixed = PrefetchLoader(paths, 8, columns=["id"], seed=1, weights=[1, 1])
+    mixed = PrefetchLoader(Mixture(paths, weights=[1, 1]), 8, columns=["id"], seed=1)
     mixed.set_epoch(2)
     expected = [
         [LOCAL + p if p < 50 else p - 50 for p in b.indices.tolist()]
@@ -315,7 +326,7 @@ def test_the_mixture_rule_sets_the_epoch_length_and_counts():
 
 
 def mixture(paths, **kwargs) -> PrefetchLoader:
-    return PrefetchLoader(paths, 10, columns=["id"], weights=[0.7, 0.3], seed=5, **kwargs)
+    return PrefetchLoader(Mixture(paths, weights=[0.7, 0.3]), 10, columns=["id"], seed=5, **kwargs)
 
 
 @pytest.fixture
@@ -368,26 +379,45 @@ def test_a_mixture_resumes_exactly_and_refuses_other_weights(mixed):
     whole.set_epoch(1)
     reference = batch_ids(whole)
     assert head == reference[1:4:2] and batch_ids(alone) == reference[4:]
-    with pytest.raises(ValueError, match=r"^weights lists 3 values, but source lists 2 datas"):
-        PrefetchLoader(mixed, 10, weights=[1, 1, 1])
     state = mixture(mixed).state_dict()
     with pytest.raises(ValueError, match=r"weights is \[0\.7, 0\.3\] in the state but \[0\.6"):
-        PrefetchLoader(mixed, 10, columns=["id"], weights=[0.6, 0.4], seed=5).load_state_dict(state)
+        PrefetchLoader(
+            Mixture(mixed, weights=[0.6, 0.4]), 10, columns=["id"], seed=5
+        ).load_state_dict(state)
 
 
 def test_each_dataset_is_pinned_to_its_own_version_at_construction(tmp_path):
     first = write_shifted(tmp_path / "a.lance", 20, LOCAL)
     lance.write_dataset(ids_table(5), first, mode="append")  # version 2: 25 rows
     second = write_shifted(tmp_path / "b.lance", 10, 0)
-    loader = PrefetchLoader([first, second], 6, columns=["id"], version=[1, None], shuffle=False)
+    loader = PrefetchLoader(
+        [Dataset(first, version=1), Dataset(second, version=None)], 6, columns=["id"], shuffle=False
+    )
     lance.write_dataset(ids_table(3), second, mode="append")  # after construction: not read
     assert (loader.num_rows, loader.version) == (30, (1, 1))
     ids = [i for batch in batch_ids(loader) for i in batch]
     assert ids == [LOCAL + i for i in range(20)] + list(range(10))
     state = loader.state_dict()
     assert [(d["version"], d["num_rows"]) for d in state["datasets"]] == [(1, 20), (1, 10)]
-    latest = PrefetchLoader([first, second], 6, columns=["id"], version=[2, 1], shuffle=False)
+    latest = PrefetchLoader(
+        [Dataset(first, version=2), Dataset(second, version=1)], 6, columns=["id"], shuffle=False
+    )
     with pytest.raises(
         ValueError, match=r"datasets\[0\] is .* version 1 in the state but .* version 2"
     ):
         latest.load_state_dict(state)
+
+
+def test_an_unshuffled_mixture_reads_each_datasets_first_rows_in_order(tmp_path):
+    """shuffle=False: each dataset's share is its first rows, dataset after dataset, the same
+    every epoch (weights [3, 1] over 25 and 25 rows: an epoch of 33, 25 then 8)."""
+    first = write_shifted(tmp_path / "a.lance", 25, 100)
+    second = write_shifted(tmp_path / "b.lance", 25, 200)
+    loader = PrefetchLoader(
+        Mixture([first, second], weights=[3, 1]), 5, columns=["id"], shuffle=False
+    )
+    expected = list(range(100, 125)) + list(range(200, 208))
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        assert sum(batch_ids(loader), []) == expected
+    assert loader.state_dict()["weights"] == [0.75, 0.25]

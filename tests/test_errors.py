@@ -24,7 +24,16 @@ from conftest import write_ids
 from support.helpers import WORKERS, batch_ids, collect, epoch_sequence, stopping
 from torch.utils.data import DataLoader
 
-from lance_prefetch import BatchLoadError, LanceMapDataset, PrefetchLoader, Split, collate
+from lance_prefetch import (
+    BatchLoadError,
+    Dataset,
+    LanceMapDataset,
+    Mixture,
+    PrefetchLoader,
+    ReadOptions,
+    Split,
+    collate,
+)
 
 
 @contextmanager
@@ -142,7 +151,7 @@ def test_a_directory_without_versions_is_not_a_dataset(tmp_path, layout):
 def test_wrong_s3_secret_fails_the_map_dataset_too(s3, s3_ids_503):
     options = s3.storage_options(aws_secret_access_key="wrong-secret-7bYz")
     with within(10), pytest.raises(PermissionError) as info:
-        LanceMapDataset(s3_ids_503, storage_options=options)
+        LanceMapDataset(Dataset(s3_ids_503, storage_options=options))
     assert str(info.value).startswith(
         f"source: the endpoint storage_options['aws_endpoint']={s3.endpoint!r} refused the "
         f"credentials for 's3://training/ids503.lance' (SignatureDoesNotMatch: "
@@ -186,7 +195,7 @@ def test_a_dataset_with_no_rows_is_refused_by_the_loader(written_empty, drop_las
 
 def test_an_earlier_version_of_an_emptied_dataset_still_reads(all_deleted):
     """The message's "pick another version": version 1 still holds the 5 rows."""
-    loader = PrefetchLoader(all_deleted, 5, columns=["id"], version=1)
+    loader = PrefetchLoader(Dataset(all_deleted, version=1), 5, columns=["id"])
     assert (loader.num_rows, batch_ids(loader)) == (5, [permutation(5)])
 
 
@@ -243,7 +252,7 @@ def test_too_few_rows_names_the_filter_split_or_list_that_has_them(ids_25, one_r
         ),
         (dict(source=[ids_25, ids_25], split=parts), "the selected rows of the 2 datasets are 4"),
         (
-            dict(source=[ids_25, one_row], weights=[1, 1]),
+            dict(source=Mixture([ids_25, one_row], weights=[1, 1])),
             "an epoch of the mixture of 2 datasets has 2",
         ),
     ]
@@ -518,7 +527,7 @@ def test_nulls_without_a_value_fail_only_the_batch_that_holds_one(with_nulls, co
 
 
 def _int_cases():
-    for name in ("batch_size", "seed", "readahead", "max_in_flight"):
+    for name in ("batch_size", "seed", "readahead"):
         for value, shown in (
             (2.0, "2.0 (float)"),
             (True, "True (a bool)"),
@@ -526,19 +535,12 @@ def _int_cases():
             (None, "None (NoneType)"),
         ):
             kwargs = {"batch_size": 4, name: value}
-            kind = (
-                "an integer or 'auto'" if name in ("readahead", "max_in_flight") else "an integer"
-            )
+            kind = "an integer or 'auto'" if name == "readahead" else "an integer"
             yield kwargs, TypeError, f"{name} should be {kind}, but got {name}={shown}"
     for name, other in (("rank", ("world_size", 2)), ("world_size", ("rank", 0))):
         for value, shown in ((1.0, "1.0 (float)"), (True, "True (a bool)"), ("1", "'1' (str)")):
             kwargs = {"batch_size": 4, name: value, other[0]: other[1]}
             yield kwargs, TypeError, f"{name} should be an integer, but got {name}={shown}"
-    yield (
-        {"batch_size": 4, "rank": None, "world_size": 2},
-        ValueError,
-        "pass rank and world_size together (or neither, to detect them), but got rank=None, world_size=2",
-    )
     yield (
         {"batch_size": np.float64(4)},
         TypeError,
@@ -565,12 +567,13 @@ def test_numpy_integers_are_accepted(ids_25):
         np.int64(5),
         seed=np.uint8(3),
         readahead=np.int32(4),
-        max_in_flight=np.int16(2),
         rank=np.int64(1),
         world_size=np.int64(2),
         columns=["id"],
+        read=ReadOptions(max_in_flight=np.int16(2)),
     )
-    assert (loader.batch_size, loader.seed, loader.readahead, loader.max_in_flight) == (5, 3, 4, 2)
+    assert (loader.batch_size, loader.seed, loader.readahead) == (5, 3, 4)
+    assert loader.read.max_in_flight == 2
     assert all(type(v) is int for v in (loader.batch_size, loader.seed, loader.rank))
     assert len(collect(loader)) == 2
 
@@ -611,7 +614,7 @@ def test_set_epoch_refuses_non_integers(ids_25, epoch, error, message):
 )
 def test_map_dataset_version_types_are_refused_before_io(tmp_path, version, error, message):
     with within(AT_ONCE), pytest.raises(error) as info:
-        LanceMapDataset(tmp_path / "missing.lance", version=version)
+        LanceMapDataset(Dataset(tmp_path / "missing.lance", version=version))
     assert str(info.value) == message
 
 
@@ -734,15 +737,15 @@ def tagged(fresh_ids) -> str:
     ],
 )
 def test_a_missing_version_or_tag(tagged, version, ending):
-    for construct in both(tagged, version=version):
+    for construct in both(Dataset(tagged, version=version)):
         with within(AT_ONCE), pytest.raises(ValueError) as info:
             construct()
         assert str(info.value) == f"version={version!r} does not exist in {tagged!r}; {ending}"
-    assert PrefetchLoader(tagged, 10, version="v1").num_rows == 10
-    assert len(LanceMapDataset(tagged, version=2)) == 5
+    assert PrefetchLoader(Dataset(tagged, version="v1"), 10).num_rows == 10
+    assert len(LanceMapDataset(Dataset(tagged, version=2))) == 5
 
 
 def test_a_missing_tag_on_a_dataset_without_tags(ids_25):
     with pytest.raises(ValueError) as info:
-        PrefetchLoader(ids_25, 5, version="best")
+        PrefetchLoader(Dataset(ids_25, version="best"), 5)
     assert str(info.value).endswith("its latest version is 1, and it has no tags")

@@ -24,7 +24,7 @@ from support.helpers import (
 )
 from torch.utils.data import DataLoader
 
-from lance_prefetch import BatchLoadError, PrefetchLoader, RetryPolicy
+from lance_prefetch import BatchLoadError, Dataset, PrefetchLoader, ReadOptions, RetryPolicy
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
 
@@ -36,7 +36,7 @@ def reader_threads() -> list[threading.Thread]:
 
 def test_one_take_in_three_failing_transiently_loses_nothing(ids_1003):
     loader = PrefetchLoader(
-        ids_1003, 32, seed=4, readahead=6, max_in_flight=3, retry=FAST, coalesce=1
+        ids_1003, 32, seed=4, readahead=6, read=ReadOptions(max_in_flight=3, retry=FAST, coalesce=1)
     )  # one take per batch: FlakySource fails every third batch's first read
     loader._source = flaky = FlakySource(loader._source, every=3)
     iterator = iter(loader)
@@ -52,7 +52,12 @@ def test_one_take_in_three_failing_transiently_loses_nothing(ids_1003):
 def test_transient_failures_in_spawn_workers_lose_nothing(ids_1003):
     """Each worker's copy fails every 4th of its takes; two epochs through 2 workers."""
     loader = PrefetchLoader(
-        ids_1003, 50, seed=1, drop_last=False, readahead=4, max_in_flight=2, retry=FAST
+        ids_1003,
+        50,
+        seed=1,
+        drop_last=False,
+        readahead=4,
+        read=ReadOptions(max_in_flight=2, retry=FAST),
     )
     loader._source = FlakySource(loader._source, every=4)
     data = DataLoader(
@@ -71,7 +76,7 @@ def test_transient_failures_in_spawn_workers_lose_nothing(ids_1003):
 
 def test_a_permanent_failure_surfaces_with_its_batch_and_leaves_no_thread(ids_1003):
     loader = PrefetchLoader(
-        ids_1003, 64, seed=2, readahead=4, max_in_flight=2, retry=FAST, coalesce=1
+        ids_1003, 64, seed=2, readahead=4, read=ReadOptions(max_in_flight=2, retry=FAST, coalesce=1)
     )
     later = [batch.indices for batch in loader.epoch_plan().rank_batches(0)][3:]
     loader._source = FlakySource(
@@ -98,7 +103,9 @@ def test_a_permanent_failure_surfaces_with_its_batch_and_leaves_no_thread(ids_10
 
 
 def test_attempts_running_out_name_the_count(ids_1003):
-    loader = PrefetchLoader(ids_1003, 64, readahead=2, max_in_flight=1, retry=FAST)
+    loader = PrefetchLoader(
+        ids_1003, 64, readahead=2, read=ReadOptions(max_in_flight=1, retry=FAST)
+    )
     second = [batch.indices for batch in loader.epoch_plan().rank_batches(0)][1:2]
     loader._source = FlakySource(loader._source, always=second)
     with pytest.raises(BatchLoadError, match=r"^batch 1 of epoch 0 .* failed after 3 attempts: "):
@@ -106,7 +113,9 @@ def test_attempts_running_out_name_the_count(ids_1003):
 
 
 def test_retry_none_gives_up_at_the_first_failure(ids_1003):
-    loader = PrefetchLoader(ids_1003, 64, readahead=2, max_in_flight=1, retry=None)
+    loader = PrefetchLoader(
+        ids_1003, 64, readahead=2, read=ReadOptions(max_in_flight=1, retry=None)
+    )
     loader._source = FlakySource(loader._source, every=2)
     with pytest.raises(BatchLoadError) as caught:
         list(loader)
@@ -120,7 +129,9 @@ def test_a_failing_transform_is_never_retried(ids_25):
         calls.append(batch["id"][0].item())
         raise OSError("503 Slow Down")  # transient-looking, but transforms are not retried
 
-    loader = PrefetchLoader(ids_25, 5, readahead=1, max_in_flight=1, transform=transform)
+    loader = PrefetchLoader(
+        ids_25, 5, readahead=1, transform=transform, read=ReadOptions(max_in_flight=1)
+    )
     with pytest.raises(BatchLoadError) as caught:
         next(iter(loader))
     assert len(calls) == 1
@@ -130,7 +141,7 @@ def test_a_failing_transform_is_never_retried(ids_25):
 
 def test_bad_retry_argument(ids_25):
     with pytest.raises(TypeError, match="retry should be a lance_prefetch.RetryPolicy or None"):
-        PrefetchLoader(ids_25, 5, retry=3)
+        PrefetchLoader(ids_25, 5, read=ReadOptions(retry=3))
 
 
 # -- a real S3-compatible endpoint ---------------------------------------------------------------
@@ -167,13 +178,13 @@ def test_an_s3_endpoint_stopped_mid_epoch_fails_within_the_retry_budget():
         }
         uri = write_ids("s3://stop/ids.lance", 600, rows_per_file=200, storage_options=options)
         loader = PrefetchLoader(
-            uri,
+            Dataset(uri, storage_options=options),
             50,
             seed=3,
             readahead=2,
-            max_in_flight=1,
-            storage_options=options,
-            retry=RetryPolicy(attempts=3, backoff=0.1, max_backoff=0.2),
+            read=ReadOptions(
+                max_in_flight=1, retry=RetryPolicy(attempts=3, backoff=0.1, max_backoff=0.2)
+            ),
         )
         expected = expected_rank_ids(loader)
         received, error, _, stopped = read_until_failure(
@@ -200,13 +211,13 @@ def test_s3_answering_503_slow_down_for_a_while_loses_nothing(s3, s3_ids_503, fa
     (~3 s here even with client_max_retries=0), gives up with the 503 in its error, and the
     loader's attempts carry the batch over the outage: every id of the epoch exactly once."""
     loader = PrefetchLoader(
-        s3_ids_503,
+        Dataset(s3_ids_503, storage_options=s3.storage_options(client_max_retries="0")),
         50,
         seed=6,
         readahead=4,
-        max_in_flight=2,
-        storage_options=s3.storage_options(client_max_retries="0"),
-        retry=RetryPolicy(attempts=8, backoff=0.5, max_backoff=1.0),
+        read=ReadOptions(
+            max_in_flight=2, retry=RetryPolicy(attempts=8, backoff=0.5, max_backoff=1.0)
+        ),
     )
     faults.slow_down = 1_000_000
     timer = threading.Timer(5.0, faults.clear)
@@ -224,13 +235,14 @@ def test_s3_answering_503_slow_down_for_a_while_loses_nothing(s3, s3_ids_503, fa
 @pytest.mark.slow
 def test_a_hung_s3_request_times_out_and_the_retry_delivers(s3, s3_ids_503, faults):
     loader = PrefetchLoader(
-        s3_ids_503,
+        Dataset(s3_ids_503, storage_options=s3.storage_options()),
         50,
         seed=5,
         readahead=4,
-        max_in_flight=2,
-        storage_options=s3.storage_options(),
-        retry=RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05, timeout=1.0),
+        read=ReadOptions(
+            max_in_flight=2,
+            retry=RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05, timeout=1.0),
+        ),
     )
     # Epoch 0 reads every file's metadata, which Lance caches and shares between concurrent takes
     # (a hung metadata read holds every take of that file until Lance's own request timeout).
@@ -250,12 +262,13 @@ def test_a_hung_s3_request_times_out_and_the_retry_delivers(s3, s3_ids_503, faul
 @pytest.mark.slow
 def test_an_s3_endpoint_that_stops_answering_fails_within_the_budget(s3, s3_ids_503, faults):
     loader = PrefetchLoader(
-        s3_ids_503,
+        Dataset(s3_ids_503, storage_options=s3.storage_options()),
         50,
         readahead=2,
-        max_in_flight=1,
-        storage_options=s3.storage_options(),
-        retry=RetryPolicy(attempts=2, backoff=0.01, max_backoff=0.05, timeout=0.5),
+        read=ReadOptions(
+            max_in_flight=1,
+            retry=RetryPolicy(attempts=2, backoff=0.01, max_backoff=0.05, timeout=0.5),
+        ),
     )
     faults.hang = 10_000
     started = time.monotonic()
@@ -274,7 +287,7 @@ def test_an_s3_endpoint_that_stops_answering_fails_within_the_budget(s3, s3_ids_
 def test_collect_helper_still_sees_every_row_with_retries_on(ids_25):
     """The default policy changes nothing when nothing fails."""
     loader = PrefetchLoader(ids_25, 5, drop_last=False)
-    assert loader.retry == RetryPolicy()
+    assert loader.read.retry == RetryPolicy()
     assert sorted(i for batch in collect(loader) for i in batch) == list(range(25))
 
 

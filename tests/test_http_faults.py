@@ -32,7 +32,7 @@ from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutE
 from support.faultproxy import FaultProxy, Rule
 from support.helpers import batch_ids, expected_rank_ids, read_until_failure, wait_until
 
-from lance_prefetch import PrefetchLoader, RetryPolicy
+from lance_prefetch import Dataset, PrefetchLoader, ReadOptions, RetryPolicy
 
 #: Lance's own retries in these tests: one retry per request (object_store waits 0.1 s first), a
 #: retry timeout that never cuts in, and no retries by the request-rate limiter.
@@ -213,16 +213,13 @@ def test_a_store_gone_and_back_within_the_retry_budget_loses_nothing(
     policy = RetryPolicy(attempts=6, backoff=0.2, max_backoff=0.5)
     assert policy.attempts * lance_take_s(1)[0] > 2 * 1.0  # the budget covers the outage twice
     loader = PrefetchLoader(
-        s3_ids_503,
+        Dataset(s3_ids_503, storage_options=through(s3, faults)),
         50,
         columns=["id"],
         seed=11,
         drop_last=False,
         readahead=2,
-        max_in_flight=2,
-        coalesce=1,
-        retry=policy,
-        storage_options=through(s3, faults),
+        read=ReadOptions(max_in_flight=2, coalesce=1, retry=policy),
     )
     if outage == "refused":
         start, end = faults.refuse, faults.resume
@@ -248,15 +245,12 @@ def test_a_store_gone_for_good_fails_within_the_bound_and_leaves_no_thread(s3, s
     assert bound == pytest.approx(1.5)
     before = set(threading.enumerate())
     loader = PrefetchLoader(
-        s3_ids_503,
+        Dataset(s3_ids_503, storage_options=through(s3, faults)),
         50,
         columns=["id"],
         seed=2,
         readahead=2,
-        max_in_flight=2,
-        coalesce=1,
-        retry=policy,
-        storage_options=through(s3, faults),
+        read=ReadOptions(max_in_flight=2, coalesce=1, retry=policy),
     )
     expected = expected_rank_ids(loader)
     received, error, _, gone = read_until_failure(loader, 3, faults.refuse)
@@ -288,16 +282,17 @@ def test_five_percent_of_requests_slowed_down_or_reset_lose_nothing(s3, s3_ids_5
     """5% of requests (seeded) answered 503 SlowDown or reset: Lance's and the loader's retries
     carry the epoch; every id once, in order, with the right vectors."""
     loader = PrefetchLoader(
-        s3_ids_503,
+        Dataset(s3_ids_503, storage_options=through(s3, faults)),
         16,
         columns=["id", "vector"],
         seed=5,
         drop_last=False,
         readahead=4,
-        max_in_flight=2,
-        coalesce=1,
-        storage_options=through(s3, faults),
-        retry=RetryPolicy(attempts=4, backoff=0.05, max_backoff=0.2),
+        read=ReadOptions(
+            max_in_flight=2,
+            coalesce=1,
+            retry=RetryPolicy(attempts=4, backoff=0.05, max_backoff=0.2),
+        ),
     )
     since = time.monotonic()
     faults.set_rule(Rule(("slow_down", "reset"), fraction=0.05, seed=11))
@@ -358,15 +353,16 @@ def test_credentials_revoked_mid_epoch_fail_at_once_naming_the_dataset(
     )
     try:
         loader = PrefetchLoader(
-            s3_ids_503,
+            Dataset(s3_ids_503, storage_options=options),
             50,
             columns=["id"],
             seed=4,
             readahead=2,
-            max_in_flight=2,
-            coalesce=1,
-            retry=RetryPolicy(attempts=5, backoff=0.01, max_backoff=0.02),
-            storage_options=options,
+            read=ReadOptions(
+                max_in_flight=2,
+                coalesce=1,
+                retry=RetryPolicy(attempts=5, backoff=0.01, max_backoff=0.02),
+            ),
         )
         expected = expected_rank_ids(loader)
         received, error, revoked, _ = read_until_failure(loader, 3, lambda: revoke(s3, faults, key))
@@ -393,7 +389,7 @@ def test_credentials_revoked_mid_epoch_fail_at_once_naming_the_dataset(
     after = faults.requests(since=revoked)
     # takes in flight at the revocation may still succeed (a request each file); then at most
     # readahead takes fail, each file's range tried 4 times by Lance, none retried by the loader
-    bound = loader.max_in_flight * FILES + loader.readahead * FILES * LANCE_TRIES
+    bound = loader.read.max_in_flight * FILES + loader.readahead * FILES * LANCE_TRIES
     assert sum(r.status == 403 for r in after) >= LANCE_TRIES  # one range's tries, at least
     assert len(after) <= bound == 30  # a retry of each failed take would add 24
     assert elapsed < 5.0  # moto's 403s: 0.2-0.9 s in all on an idle machine, 3.5 s under load

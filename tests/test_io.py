@@ -12,7 +12,7 @@ import pytest
 from conftest import write_ids
 from support.helpers import expected_rank_ids
 
-from lance_prefetch import LanceMapDataset, PrefetchLoader
+from lance_prefetch import LanceMapDataset, PrefetchLoader, ReadOptions
 from lance_prefetch.sources import _lance as source_module
 from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch.sources._options import SourceOptions
@@ -24,10 +24,10 @@ def epoch(loader) -> list[dict[str, list]]:
 
 
 def test_uring_reads_exactly_the_rows_of_the_default_reader(ids_1003):
-    default = PrefetchLoader(ids_1003, 64, seed=3, drop_last=False, io="default")
+    default = PrefetchLoader(ids_1003, 64, seed=3, drop_last=False, read=ReadOptions(io="default"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback on this machine
-        uring = PrefetchLoader(ids_1003, 64, seed=3, drop_last=False, io="uring")
+        uring = PrefetchLoader(ids_1003, 64, seed=3, drop_last=False, read=ReadOptions(io="uring"))
     assert (default.io, uring.io) == ("default", "uring")
     assert uring._source._read_uri == "file+uring://" + ids_1003
     for _ in range(2):  # two epochs: each a new permutation
@@ -90,13 +90,13 @@ def test_uring_uri_rules(tmp_path, monkeypatch):
 )
 def test_bad_io_values_are_refused_before_any_io(io, error, message):
     with pytest.raises(error, match=message):
-        PrefetchLoader("/nonexistent/never/opened.lance", 4, io=io)
+        PrefetchLoader("/nonexistent/never/opened.lance", 4, read=ReadOptions(io=io))
 
 
 def test_uring_on_an_object_store_is_refused_before_any_io():
     # no endpoint is contacted: this would otherwise try to reach AWS
     with pytest.raises(ValueError, match=r"io='uring' reads local files only.*use io='default'"):
-        PrefetchLoader("s3://bucket/train.lance", 4, io="uring")
+        PrefetchLoader("s3://bucket/train.lance", 4, read=ReadOptions(io="uring"))
     with pytest.raises(ValueError, match=r"io='uring' reads local files only"):
         LanceMapDataset("s3://bucket/train.lance", io="uring")
 
@@ -116,7 +116,7 @@ def refuse_uring(monkeypatch) -> None:
 def test_a_kernel_refusing_io_uring_falls_back_with_a_warning(ids_1003, monkeypatch):
     refuse_uring(monkeypatch)
     with pytest.warns(RuntimeWarning, match=r"io='uring'.*Operation not permitted.*default reader"):
-        loader = PrefetchLoader(ids_1003, 100, columns=["id"], seed=5, io="uring")
+        loader = PrefetchLoader(ids_1003, 100, columns=["id"], seed=5, read=ReadOptions(io="uring"))
     assert loader.io == "default" and loader._source._read_uri == ids_1003
     assert [batch["id"].tolist() for batch in loader] == expected_rank_ids(loader)
     copy = pickle.loads(pickle.dumps(loader._source))  # workers use the default reader too
@@ -125,22 +125,26 @@ def test_a_kernel_refusing_io_uring_falls_back_with_a_warning(ids_1003, monkeypa
 
 def test_io_default_contradicting_a_file_uring_uri_is_refused(ids_1003):
     with pytest.raises(ValueError, match=r"io='default' contradicts the URI .*file\+uring://"):
-        PrefetchLoader("file+uring://" + ids_1003, 100, io="default")
-    assert PrefetchLoader(ids_1003, 100, io="default").io == "default"
-    assert PrefetchLoader("file+uring://" + ids_1003, 100, io="uring").io == "uring"
+        PrefetchLoader("file+uring://" + ids_1003, 100, read=ReadOptions(io="default"))
+    assert PrefetchLoader(ids_1003, 100, read=ReadOptions(io="default")).io == "default"
+    assert (
+        PrefetchLoader("file+uring://" + ids_1003, 100, read=ReadOptions(io="uring")).io == "uring"
+    )
 
 
 def test_io_auto_is_the_default_uring_for_local_files_default_on_object_stores(ids_1003):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # io_uring works on this machine: no fallback
         for io in ("auto", None):
-            loader = PrefetchLoader(ids_1003, 100, io=io)
+            loader = PrefetchLoader(ids_1003, 100, read=ReadOptions(io=io))
             assert (loader.io, loader._source._read_uri) == ("uring", "file+uring://" + ids_1003)
         assert PrefetchLoader(ids_1003, 100).io == "uring"
         assert LanceMapDataset(ids_1003).io == "uring"
     assert SourceOptions().io == SourceOptions(io=None).io == "auto"
     with pytest.raises(ValueError, match=r"io='uring' reads local files only"):
-        PrefetchLoader("s3://bucket/train.lance", 4, io="uring")  # no I/O: refused first
+        PrefetchLoader(
+            "s3://bucket/train.lance", 4, read=ReadOptions(io="uring")
+        )  # no I/O: refused first
 
 
 def test_io_auto_falls_back_to_the_default_reader_without_a_warning(ids_1003, monkeypatch, caplog):
@@ -157,7 +161,7 @@ def test_a_missing_dataset_with_uring_is_the_usual_error_without_a_warning(tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(FileNotFoundError, match="no Lance dataset at"):
-            PrefetchLoader(str(tmp_path / "missing.lance"), 4, io="uring")
+            PrefetchLoader(str(tmp_path / "missing.lance"), 4, read=ReadOptions(io="uring"))
         with pytest.raises(FileNotFoundError, match="no Lance dataset at"):
             PrefetchLoader("file+uring://" + str(tmp_path / "missing.lance"), 4)
 
@@ -168,6 +172,6 @@ def test_a_path_with_percent_signs_reads_that_dataset(tmp_path):
     uri = write_ids(tmp_path / "%41 x%.lance", 30)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        loader = PrefetchLoader(uri, 10, columns=["id"], io="uring")
+        loader = PrefetchLoader(uri, 10, columns=["id"], read=ReadOptions(io="uring"))
     assert loader.io == "uring"
     assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(30))

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pytest
 from support.helpers import batch_ids, checkout_env, expected_rank_ids, loop_threads
 
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import PrefetchLoader, ReadOptions
 from lance_prefetch.lifecycle._shutdown import CLOSE_WAIT_S, EXIT_WAIT_S
 
 HERE = Path(__file__).parent
@@ -536,7 +536,9 @@ def test_a_new_iteration_after_break_reads_a_whole_epoch_exactly(make_loader, id
     """After ``break`` at batch k nothing is left over: the next iteration is exactly the next
     epoch's plan, or after ``set_epoch(e)`` exactly epoch e's plan from its first batch (also the
     epoch that was broken off), and a broken-off iterator still referenced keeps its own epoch."""
-    loader = make_loader(ids_1003, 10, columns=["id"], readahead=8, max_in_flight=4)
+    loader = make_loader(
+        ids_1003, 10, columns=["id"], readahead=8, read=ReadOptions(max_in_flight=4)
+    )
 
     def broken_off(k: int) -> list[list[int]]:
         batches = []
@@ -603,7 +605,9 @@ def test_close_returns_within_a_second_and_the_next_iteration_reads_its_epoch_ex
     new iteration right away reads exactly the next epoch while that take still runs. Once the
     take returns, its rows are dropped (the closed iterator ends) and its thread ends."""
     caplog.set_level(logging.WARNING, logger="lance_prefetch")
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], readahead=4, max_in_flight=2, coalesce=1)
+    loader = PrefetchLoader(
+        ids_1003, 10, columns=["id"], readahead=4, read=ReadOptions(max_in_flight=2, coalesce=1)
+    )
     plan = expected_rank_ids(loader, epoch=0)
     stuck = StuckTakes(monkeypatch, [plan[1]])
     started = None

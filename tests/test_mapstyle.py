@@ -13,7 +13,7 @@ from conftest import write_ids
 from support.helpers import WORKERS, stopping
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
-from lance_prefetch import LanceMapDataset, PrefetchLoader, collate
+from lance_prefetch import Dataset, LanceMapDataset, PrefetchLoader, collate
 from lance_prefetch.loader._mapstyle import ColumnBatch
 
 
@@ -169,7 +169,7 @@ def _pid():
 def test_strings_rows_and_pickling(tmp_path):
     uri = str(tmp_path / "text.lance")
     lance.write_dataset(pa.table({"id": [0, 1, 2], "text": ["a", None, "ccc"]}), uri)
-    dataset = LanceMapDataset(uri, storage_options={"aws_secret_access_key": "hunter2"})
+    dataset = LanceMapDataset(Dataset(uri, storage_options={"aws_secret_access_key": "hunter2"}))
     assert dataset[2]["text"] == "ccc" and dataset[1]["text"] is None
     batch = collate(dataset.__getitems__([2, 0]))
     assert batch["text"] == ["ccc", "a"] and batch["id"].tolist() == [2, 0]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from support.helpers import checkout_env, expected_rank_ids
 
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import PrefetchLoader, ReadOptions
 from lance_prefetch.sources._lance import LanceSource
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
@@ -100,9 +100,9 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
         10,
         columns=["id"],
         readahead=readahead,
-        max_in_flight=max_in_flight,
         transform=mark_finished,
-        coalesce=1,  # one take per batch (the bound with coalesced takes: test_coalesce.py)
+        # one take per batch (the bound with coalesced takes: test_coalesce.py)
+        read=ReadOptions(max_in_flight=max_in_flight, coalesce=1),
     )
     expected = expected_rank_ids(loader)
     position_of.update((tuple(ids), position) for position, ids in enumerate(expected))
@@ -194,9 +194,8 @@ def test_rss_stops_growing_after_warm_up_over_10000_takes(soak_script, tmp_path)
         16,
         columns=["id", "vector"],
         readahead=8,
-        max_in_flight=4,
         drop_last=False,
-        coalesce=1,
+        read=ReadOptions(max_in_flight=4, coalesce=1),
     )
     assert len(loader) == 125
     samples = soak_script.soak(loader, 10_000, sample_every=250)

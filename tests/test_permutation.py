@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 from support.helpers import batch_ids, collect, epoch_sequence
 
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import PrefetchLoader, Shuffle
 from lance_prefetch.plan import permutation
 from lance_prefetch.plan.permutation import (
     ArrayPermutation,
@@ -266,7 +266,13 @@ def test_a_lazy_loader_delivers_every_row_once_per_epoch_on_two_ranks(make_loade
     lazy plan says; epochs differ, and differ from the array kind's order."""
     loaders = [
         make_loader(
-            ids_1003, 10, columns=["id"], rank=r, world_size=2, drop_last=False, permutation="lazy"
+            ids_1003,
+            10,
+            columns=["id"],
+            rank=r,
+            world_size=2,
+            drop_last=False,
+            shuffle=Shuffle(permutation="lazy"),
         )
         for r in range(2)
     ]
@@ -299,7 +305,7 @@ def test_a_lazy_loader_resumes_mid_epoch_exactly(make_loader, ids_1003):
             columns=["id"],
             rank=rank,
             world_size=world_size,
-            permutation="lazy",
+            shuffle=Shuffle(permutation="lazy"),
             seed=2,
             **kwargs,
         )
@@ -334,7 +340,9 @@ def test_a_lazy_loader_resumes_mid_epoch_exactly(make_loader, ids_1003):
 def test_the_permutation_kind_is_checked_on_load(ids_1003):
     """A lazy state loads only into a lazy loader and vice versa (named like other mismatches);
     a state without the field is refused."""
-    lazy_state = PrefetchLoader(ids_1003, 10, columns=["id"], permutation="lazy").state_dict()
+    lazy_state = PrefetchLoader(
+        ids_1003, 10, columns=["id"], shuffle=Shuffle(permutation="lazy")
+    ).state_dict()
     array_loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     array_state = array_loader.state_dict()
     assert array_state["format_version"] == 5 and array_state["permutation"] == "array"
@@ -345,7 +353,7 @@ def test_the_permutation_kind_is_checked_on_load(ids_1003):
         "this loader. Build the loader with the state's values to resume (PrefetchLoader(..., "
         "permutation='lazy'))"
     )
-    lazy_loader = PrefetchLoader(ids_1003, 10, columns=["id"], permutation="lazy")
+    lazy_loader = PrefetchLoader(ids_1003, 10, columns=["id"], shuffle=Shuffle(permutation="lazy"))
     with pytest.raises(ValueError, match="permutation is 'array' in the state but 'lazy' in"):
         lazy_loader.load_state_dict(array_state)
     lazy_loader.load_state_dict(lazy_state | {"position": 3})
@@ -369,4 +377,4 @@ def test_auto_resolves_at_construction_and_pickles_along(ids_1003, monkeypatch):
     assert copy.permutation == "lazy" and copy.epoch_plan(0).permutation_kind == "lazy"
     assert collect(copy, epoch=0) == collect(loader, epoch=0)
     with pytest.raises(ValueError, match=r"^permutation should be one of 'auto', 'array', 'lazy'"):
-        PrefetchLoader(ids_1003, 10, columns=["id"], permutation="Lazy")
+        PrefetchLoader(ids_1003, 10, columns=["id"], shuffle=Shuffle(permutation="Lazy"))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from lance_prefetch import LanceMapDataset, PrefetchLoader, collate
+from lance_prefetch import LanceMapDataset, MemoryCache, PrefetchLoader, collate
 from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch.sources._options import SourceOptions
 
@@ -116,8 +116,8 @@ def test_tensor_columns_are_batch_by_shape_tensors_in_every_read_mode(make_loade
 
 def test_a_tensor_columns_size_is_known_before_any_read(tensors_50):
     """The memory cache's check before the scan counts a tensor row's bytes (8 + 6 x 4)."""
-    with pytest.raises(ValueError, match=r"need 1,600 bytes .* above cache_bytes=1000 "):
-        PrefetchLoader(tensors_50, 5, cache="memory", cache_bytes=1000)
+    with pytest.raises(ValueError, match=r"need 1,600 bytes .* above max_bytes=1000 "):
+        PrefetchLoader(tensors_50, 5, cache=MemoryCache(max_bytes=1000))
 
 
 # -- blobs -----------------------------------------------------------------------------------------

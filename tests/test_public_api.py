@@ -3,12 +3,15 @@ and which are private machinery, and that every module declares ``__all__``."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import pathlib
 
 import pytest
 
 import lance_prefetch
+import lance_prefetch.options
 
 PACKAGE = pathlib.Path(lance_prefetch.__file__).parent
 #: The modules users read as rule books (or import from); everything else is private machinery.
@@ -16,6 +19,7 @@ PUBLIC = [
     "convert",
     "convert.tokens",
     "integrations.lightning",
+    "options",
     "plan.sampling",
     "plan.permutation",
     "plan.splits",
@@ -53,14 +57,21 @@ def private(name: str) -> bool:
 
 def test_top_level_exports():
     assert lance_prefetch.__all__ == [
+        "Audit",
         "AuditReport",
         "BatchLoadError",
         "CoverageError",
+        "Dataset",
+        "DiskCache",
         "HedgePolicy",
         "LanceMapDataset",
         "LoaderStats",
+        "MemoryCache",
+        "Mixture",
         "PrefetchLoader",
+        "ReadOptions",
         "RetryPolicy",
+        "Shuffle",
         "Split",
         "__version__",
         "collate",
@@ -83,3 +94,68 @@ def test_module_all_is_sorted_and_defined(name):
     assert sorted(module.__all__) == module.__all__
     for attribute in module.__all__:
         assert getattr(module, attribute).__doc__, f"{name}.{attribute} has no docstring"
+
+
+def signature_of(callable_) -> list[tuple[str, str, object]]:
+    """``(name, kind, default)`` of each parameter but ``self`` (``default``: ``"-"`` if none)."""
+    return [
+        (p.name, p.kind.name, "-" if p.default is inspect.Parameter.empty else p.default)
+        for p in inspect.signature(callable_).parameters.values()
+        if p.name != "self"
+    ]
+
+
+def test_the_loader_takes_its_source_batch_size_and_16_keywords():
+    """The surface docs/api.md describes: the names torch and Lance users expect, flat, and the
+    option groups of ``lance_prefetch.options`` for the rest."""
+    assert signature_of(lance_prefetch.PrefetchLoader.__init__) == [
+        ("source", "POSITIONAL_OR_KEYWORD", "-"),
+        ("batch_size", "POSITIONAL_OR_KEYWORD", "-"),
+        ("columns", "KEYWORD_ONLY", None),
+        ("filter", "KEYWORD_ONLY", None),
+        ("split", "KEYWORD_ONLY", None),
+        ("shuffle", "KEYWORD_ONLY", True),
+        ("drop_last", "KEYWORD_ONLY", None),
+        ("seed", "KEYWORD_ONLY", 0),
+        ("rank", "KEYWORD_ONLY", None),
+        ("world_size", "KEYWORD_ONLY", None),
+        ("readahead", "KEYWORD_ONLY", "auto"),
+        ("read", "KEYWORD_ONLY", None),
+        ("cache", "KEYWORD_ONLY", None),
+        ("transform", "KEYWORD_ONLY", None),
+        ("pin_memory", "KEYWORD_ONLY", False),
+        ("device", "KEYWORD_ONLY", None),
+        ("audit", "KEYWORD_ONLY", False),
+        ("log_every", "KEYWORD_ONLY", None),
+    ]
+    assert signature_of(lance_prefetch.LanceMapDataset.__init__) == [
+        ("source", "POSITIONAL_OR_KEYWORD", "-"),
+        ("columns", "KEYWORD_ONLY", None),
+        ("transform", "KEYWORD_ONLY", None),
+        ("retry", "KEYWORD_ONLY", lance_prefetch.RetryPolicy()),
+        ("io", "KEYWORD_ONLY", "auto"),
+    ]
+
+
+def test_the_option_groups_are_frozen_dataclasses_with_these_fields():
+    fields = {
+        "Dataset": [("uri", "-"), ("version", None), ("storage_options", None)],
+        "Mixture": [("datasets", "-"), ("weights", "-")],
+        "ReadOptions": [
+            ("max_in_flight", "auto"),
+            ("coalesce", "auto"),
+            ("max_buffer_bytes", 256 << 20),
+            ("io", "auto"),
+            ("retry", lance_prefetch.RetryPolicy()),
+            ("hedge", "auto"),
+        ],
+        "Shuffle": [("permutation", "auto")],
+        "MemoryCache": [("max_bytes", None)],
+        "DiskCache": [("dir", None)],
+        "Audit": [("dir", None)],
+    }
+    for name, expected in fields.items():
+        group = getattr(lance_prefetch, name)
+        assert dataclasses.is_dataclass(group) and group.__dataclass_params__.frozen, name
+        assert [(n, d) for n, _, d in signature_of(group)] == expected, name
+        assert getattr(lance_prefetch.options, name) is group

@@ -17,7 +17,7 @@ from support.helpers import WORKERS, batch_ids, collect, stops_workers_mid_epoch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lance_prefetch import PrefetchLoader, state_from_dataloader
+from lance_prefetch import PrefetchLoader, ReadOptions, state_from_dataloader
 
 
 class SlowFirstStart(PrefetchLoader):
@@ -87,7 +87,9 @@ def test_a_state_of_an_earlier_version_is_refused(ids_1003, format_version):
 
 
 def test_position_counts_batches_delivered_not_read_ahead(ids_1003, permutation_kind):
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], readahead=8, max_in_flight=4)
+    loader = PrefetchLoader(
+        ids_1003, 10, columns=["id"], readahead=8, read=ReadOptions(max_in_flight=4)
+    )
     iterator = iter(loader)
     try:
         take(iterator, 5)

@@ -18,7 +18,7 @@ from support.helpers import batch_ids, collect, expected_rank_ids, stopping
 from support.s3server import SilentServer, closed_port
 from torch.utils.data import DataLoader
 
-from lance_prefetch import BatchLoadError, PrefetchLoader
+from lance_prefetch import BatchLoadError, Dataset, PrefetchLoader, ReadOptions
 
 
 def full_text(error: BaseException) -> str:
@@ -36,12 +36,11 @@ def secrets_of(s3, options: dict[str, str]) -> list[str]:
 def test_full_epoch_reads_every_row_exactly_once(make_loader, s3, s3_ids_503):
     """One epoch over S3 yields the plan's exact batches: every row once, the right values."""
     loader = make_loader(
-        s3_ids_503,
+        Dataset(s3_ids_503, storage_options=s3.storage_options()),
         10,
         columns=["id", "vector"],
         seed=3,
         drop_last=False,
-        storage_options=s3.storage_options(),
     )
     assert (loader.num_rows, loader.version, len(loader)) == (503, 1, 51)
     batches = list(loader)
@@ -59,15 +58,14 @@ def test_ranks_split_an_s3_epoch_without_repeats(make_loader, s3, s3_ids_503):
     streams = []
     for rank in (0, 1):
         loader = make_loader(
-            s3_ids_503,
+            Dataset(s3_ids_503, storage_options=s3.storage_options()),
             10,
             columns=["id"],
             seed=5,
             rank=rank,
             world_size=2,
-            storage_options=s3.storage_options(),
             readahead=4,
-            max_in_flight=2,
+            read=ReadOptions(max_in_flight=2),
         )
         streams.append(collect(loader))
         assert streams[-1] == expected_rank_ids(loader)
@@ -92,12 +90,11 @@ def test_spawn_workers_read_with_credentials_only_in_storage_options(s3, s3_ids_
     for name in [name for name in os.environ if name.startswith("AWS_")]:
         monkeypatch.delenv(name)
     loader = PrefetchLoader(
-        s3_ids_503,
+        Dataset(s3_ids_503, storage_options=s3.storage_options()),
         10,
         columns=["id"],
         seed=7,
         drop_last=False,
-        storage_options=s3.storage_options(),
         transform=no_aws_environment,
     )
     # spawn: a forkserver started earlier would hand its workers the environment of then
@@ -203,7 +200,7 @@ def test_wrong_location_or_credentials_fail_fast_and_clearly(
     uri, options = case(s3)
     start = time.monotonic()
     with pytest.raises(error, match=message) as info:
-        PrefetchLoader(uri, 10, columns=["id"], storage_options=options)
+        PrefetchLoader(Dataset(uri, storage_options=options), 10, columns=["id"])
     assert time.monotonic() - start < seconds
     text = full_text(info.value)
     for secret in secrets_of(s3, options):
@@ -222,7 +219,7 @@ def test_hung_endpoint_fails_within_connect_timeout(s3):
             ConnectionError,
             match=rf"^{ENDPOINT} is not reachable: no answer within 1 s; check the host",
         ) as info:
-            PrefetchLoader("s3://training/ids503.lance", 10, storage_options=options)
+            PrefetchLoader(Dataset("s3://training/ids503.lance", storage_options=options), 10)
         assert 0.9 < time.monotonic() - start < 3
     for secret in secrets_of(s3, options):
         assert secret not in full_text(info.value)
@@ -233,7 +230,7 @@ def test_repr_and_pickle_keep_s3_secrets_hidden(s3, s3_ids_503):
     survive pickling (that is how workers get them) and the copy's repr hides them too."""
     options = s3.storage_options(aws_session_token="FQoGZXIvYXdzEXAMPLEtoken")
     dataset = lance.dataset(s3_ids_503, storage_options=s3.storage_options())
-    loader = PrefetchLoader(dataset, 10, columns=["id"], storage_options=options)
+    loader = PrefetchLoader(Dataset(dataset, storage_options=options), 10, columns=["id"])
     clone = pickle.loads(pickle.dumps(loader))
     assert clone._source._storage_options == options
     for text in (repr(loader), repr(clone), repr(loader._source)):
@@ -252,7 +249,10 @@ def test_a_read_failing_in_a_worker_holds_no_secret(s3, fresh_s3_ids):
     batch and the URI; neither it nor the worker's traceback in it holds a credential."""
     uri = fresh_s3_ids(30, rows_per_file=10)
     loader = PrefetchLoader(
-        uri, 10, columns=["id"], storage_options=s3.storage_options(), coalesce=1
+        Dataset(uri, storage_options=s3.storage_options()),
+        10,
+        columns=["id"],
+        read=ReadOptions(coalesce=1),
     )  # one take per batch: the error names batch 0
     client = s3.client()
     prefix = uri.removeprefix("s3://training/") + "/data/"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from support.helpers import expected_rank_ids
 
-from lance_prefetch import LoaderStats, PrefetchLoader
+from lance_prefetch import LoaderStats, PrefetchLoader, ReadOptions
 from lance_prefetch.loader._telemetry import LATENCIES, Telemetry
 
 
@@ -141,14 +141,18 @@ def slow_takes(loader, seconds):
 def test_waiting_is_measured_in_next(ids_1003):
     """Takes of 60 ms one at a time and no training step: the loop waits nearly all the time,
     and each take lasts at least 60 ms. With a 60 ms step and reads kept ahead, it hardly waits."""
-    starved = PrefetchLoader(ids_1003, 100, columns=["id"], readahead=1, max_in_flight=1)
+    starved = PrefetchLoader(
+        ids_1003, 100, columns=["id"], readahead=1, read=ReadOptions(max_in_flight=1)
+    )
     slow_takes(starved, 0.06)
     assert len(list(starved)) == 10
     stats = starved.stats()
     assert stats.wait_fraction_total > 0.8
     assert stats.take_ms_p50 >= 60.0
 
-    fed = PrefetchLoader(ids_1003, 100, columns=["id"], readahead=4, max_in_flight=4)
+    fed = PrefetchLoader(
+        ids_1003, 100, columns=["id"], readahead=4, read=ReadOptions(max_in_flight=4)
+    )
     slow_takes(fed, 0.02)
     for _ in fed:
         time.sleep(0.06)
@@ -164,7 +168,9 @@ def test_a_stalled_loop_shows_as_waiting_while_it_waits(ids_1003):
         time.sleep(1.0)
         return batch
 
-    loader = PrefetchLoader(ids_1003, 100, columns=["id"], transform=slow, max_in_flight=1)
+    loader = PrefetchLoader(
+        ids_1003, 100, columns=["id"], transform=slow, read=ReadOptions(max_in_flight=1)
+    )
     seen = []
     timer = threading.Timer(0.6, lambda: seen.append(loader.stats()))
     iterator = iter(loader)
@@ -179,7 +185,9 @@ def test_a_stalled_loop_shows_as_waiting_while_it_waits(ids_1003):
 def test_queue_depth_and_in_flight_while_reads_are_held(ids_1003):
     """readahead=4, max_in_flight=2; takes of batches 3 and up block: after 2 batches are
     received, batch 2 is ready in the queue and 2 takes are in flight."""
-    loader = PrefetchLoader(ids_1003, 100, columns=["id"], readahead=4, max_in_flight=2, coalesce=1)
+    loader = PrefetchLoader(
+        ids_1003, 100, columns=["id"], readahead=4, read=ReadOptions(max_in_flight=2, coalesce=1)
+    )
     release = threading.Event()
     take = loader._source.take
     blocked = {int(batch.indices[0]) for batch in list(loader.epoch_plan().rank_batches(0))[3:]}

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from lance_prefetch import BatchLoadError, LanceMapDataset, PrefetchLoader
+from lance_prefetch import BatchLoadError, LanceMapDataset, PrefetchLoader, ReadOptions
 from lance_prefetch.convert._arrow import to_tensors
 from lance_prefetch.convert.tokens import PackTokens, PadTokens
 
@@ -382,7 +382,12 @@ def test_packed_batches_from_a_loader_hold_every_token_once_and_resume_exactly(t
 
     def make():
         return PrefetchLoader(
-            token_rows, 8, columns=["id", "tokens"], seed=5, coalesce=4, transform=pack
+            token_rows,
+            8,
+            columns=["id", "tokens"],
+            seed=5,
+            transform=pack,
+            read=ReadOptions(coalesce=4),
         )
 
     loader = make()

@@ -11,7 +11,7 @@ import time
 import pytest
 from support.helpers import batch_ids, expected_rank_ids, wait_until
 
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import PrefetchLoader, ReadOptions
 from lance_prefetch.loader._config import LoaderConfig
 from lance_prefetch.schedule._blocking import THREAD_NAME, BlockingPrefetcher
 from lance_prefetch.schedule._prefetcher import Prefetcher
@@ -405,7 +405,7 @@ def test_bad_depths(value, error):
 
 def test_max_buffer_bytes_is_checked():
     with pytest.raises(ValueError, match="max_buffer_bytes should be an integer >= 1"):
-        PrefetchLoader("/nonexistent.lance", 4, max_buffer_bytes=0)
+        PrefetchLoader("/nonexistent.lance", 4, read=ReadOptions(max_buffer_bytes=0))
 
 
 def test_a_running_prefetcher_grows_and_shrinks():
@@ -454,7 +454,11 @@ def test_auto_readahead_grows_against_slow_takes_and_reads_exactly(ids_1003, mon
 
     monkeypatch.setattr(LanceSource, "take", take)
     loader = PrefetchLoader(
-        ids_1003, 2, readahead="auto", max_in_flight="auto", coalesce=1, drop_last=False
+        ids_1003,
+        2,
+        readahead="auto",
+        drop_last=False,
+        read=ReadOptions(max_in_flight="auto", coalesce=1),
     )
     loader._resolved.tuner.period_s = 0.25  # ~30 batches a period at the start: a steady rows/s
     seen = []

@@ -20,7 +20,7 @@ from support.helpers import (
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lance_prefetch import PrefetchLoader, state_from_dataloader
+from lance_prefetch import PrefetchLoader, ReadOptions, state_from_dataloader
 
 #: The DataLoader's timeout: a batch that does not come within it fails the test, never hangs it
 #: (spawn workers took up to 30 s to deliver their first batch on the loaded 2-core machine).
@@ -41,7 +41,9 @@ def test_a_worker_killed_mid_epoch_is_torchs_error_at_once_and_the_resume_is_exa
     ]
     stall = expected[20][0]
     # coalesce=1: a take a batch, so the batches before the stalled one are handed over
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], coalesce=1, transform=StallOn(stall))
+    loader = PrefetchLoader(
+        ids_1003, 10, columns=["id"], transform=StallOn(stall), read=ReadOptions(coalesce=1)
+    )
     children = {child.pid for child in psutil.Process().children(recursive=True)}
     dataloader = StatefulDataLoader(
         loader, batch_size=None, num_workers=2, multiprocessing_context="spawn", timeout=TIMEOUT_S

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lance_prefetch import Dataset
 from lance_prefetch.convert import to_tensors
 from lance_prefetch_bench._spec import ContenderSpec, open_dataset, plan_batches
 
@@ -117,10 +118,8 @@ class _TimedMapDataset(torch.utils.data.Dataset):
         from lance_prefetch import LanceMapDataset
 
         self.dataset = LanceMapDataset(
-            spec.uri,
+            Dataset(spec.uri, version=spec.version, storage_options=spec.storage_options),
             columns=spec.columns,
-            storage_options=spec.storage_options,
-            version=spec.version,
         )
         self.rows = rows
 

@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from lance_prefetch import Dataset, ReadOptions
 from lance_prefetch.convert import to_tensors
 from lance_prefetch_bench._map_contenders import LanceMap, LanceMapRows, MapStyle
 from lance_prefetch_bench._measure import measure_pass, peak_rss_mib, rss_mib
@@ -195,17 +196,15 @@ class _LancePrefetch:
                 "coalesce": spec.coalesce,
             }
         self.loader = PrefetchLoader(
-            spec.uri,
+            Dataset(spec.uri, version=spec.version, storage_options=spec.storage_options),
             spec.batch_size,
             columns=spec.columns,
             seed=spec.seed,
             **tuning,
             rank=0,
             world_size=1,
-            storage_options=spec.storage_options,
-            version=spec.version,
-            hedge=None if spec.hedge == "none" else "auto",
             **cache,
+            read=ReadOptions(hedge=None if spec.hedge == "none" else "auto"),
         )
         if hasattr(self.loader, "_source"):  # the loader's own take calls, timed
             self.loader._source = _TimedSource(self.loader._source, self.latencies)

@@ -1,10 +1,10 @@
-"""The coverage audit's wiring (``PrefetchLoader(audit=True)``): :class:`EpochAudit` records every
+"""The coverage audit's wiring (``PrefetchLoader(audit=True)`` or ``audit=Audit(dir=...)``): :class:`EpochAudit` records every
 batch an iteration hands out and, at the epoch's end, brings the records of every rank and
 DataLoader worker together and checks them (:mod:`lance_prefetch.audit._coverage`).
 
 How records meet (:func:`choose_exchange`, decided when an iteration begins):
 
-1. ``audit_dir`` given: the folder. Records are named by what does not decide rows, so the
+1. An audit folder (``Audit(dir=...)``, below ``audit_dir``) given: the folder. Records are named by what does not decide rows, so the
    records of one run meet whatever they read: ``iteration<n>-rank<r>of<W>-worker<w>of<K>.npz``,
    ``n`` numbering the iterations each rank began over this folder (the ledger
    ``rank<r>.iterations``, one line per iteration: the loader's token and the iteration's
@@ -28,7 +28,7 @@ How records meet (:func:`choose_exchange`, decided when an iteration begins):
    same :class:`~lance_prefetch.CoverageError`. A collective: every rank must read the epoch to
    its end (with ``shuffle=False`` ranks may end a batch apart; the first waits there, at most
    :data:`EXCHANGE_TIMEOUT_S`).
-4. Otherwise: ``ValueError`` naming ``audit_dir``.
+4. Otherwise: ``ValueError`` naming ``Audit(dir=...)``.
 
 A resumed epoch (from a state of ``state_dict()``) is audited over the whole epoch when the state
 carries the audit's record (``state["audit"]``: the batches consumed before the checkpoint,
@@ -83,35 +83,35 @@ _RECORD = re.compile(r"^(iteration\d+)-rank(-?\d+)of(\d+)-worker(\d+)of(\d+)\.np
 _GROUP: list[Any] = []  # [default group, the audit's gloo group] once made in this process
 
 
-def choose_exchange(config: Any, share: Share, world_size: int, *, in_worker: bool) -> str | None:
-    """How the records of an iteration reading ``share`` of a ``world_size``-rank plan meet, by
-    the module docstring's rules: ``"dir"``, ``"local"`` or ``"dist"``; ``None`` without
-    ``config.audit`` (a :class:`~lance_prefetch.loader._config.LoaderConfig`). Called before the
-    iteration decides its epoch, so a misconfiguration uses none up.
+def choose_exchange(
+    audit_dir: str | None, share: Share, world_size: int, *, in_worker: bool
+) -> str:
+    """How the records of an audited iteration reading ``share`` of a ``world_size``-rank plan
+    meet, by the module docstring's rules: ``"dir"`` (``audit_dir``, the audit's folder, given),
+    ``"local"`` or ``"dist"``. Called before the iteration decides its epoch, so a
+    misconfiguration uses none up.
 
     With ``audit_dir``, a failed check of an earlier iteration that another process ran is
     raised here, before anything is decided (see the module docstring).
 
     Raises:
         ValueError: more than one record and no way for them to meet (the message names
-            ``audit_dir`` and the fix).
+            ``Audit(dir=...)`` and the fix).
         CoverageError: with ``audit_dir``, an earlier iteration's check failed in another
             process (once per failure and rank).
     """
-    if not config.audit:
-        return None
-    if config.audit_dir is not None:
-        _learn(Path(config.audit_dir), share.rank)
+    if audit_dir is not None:
+        _learn(Path(audit_dir), share.rank)
         return "dir"
     ranks = 1 if share.rank < 0 else world_size
     if ranks * share.num_workers == 1:
         return "local"
     if in_worker:
         raise ValueError(
-            f"audit=True in DataLoader workers needs audit_dir=: each of the {share.num_workers} "
+            f"audit=True in DataLoader workers needs a folder: each of the {share.num_workers} "
             f"workers is a process of its own that hands out its own batches, so their records "
-            f"meet in a folder; pass audit_dir= a folder every rank and worker can write (a "
-            f"shared file system across machines), or use num_workers=0"
+            f"meet in a folder; pass audit=Audit(dir=...) with a folder every rank and worker "
+            f"can write (a shared file system across machines), or use num_workers=0"
         )
     live = (dist.get_rank(), dist.get_world_size()) if _initialised() else None
     if live != (share.rank, world_size):
@@ -121,7 +121,7 @@ def choose_exchange(config: Any, share: Share, world_size: int, *, in_worker: bo
         raise ValueError(
             f"audit=True on rank {share.rank} of {world_size} needs the ranks' records to meet, "
             f"but {found}; initialize the process group (with these ranks) before iterating, "
-            f"or pass audit_dir= a folder every rank can write"
+            f"or pass audit=Audit(dir=...) with a folder every rank can write"
         )
     return "dist"
 
@@ -472,7 +472,7 @@ def _collective(operation: Callable[[], Any]) -> Any:
             f"coverage audit: the torch.distributed exchange at the epoch's end failed "
             f"({type(exc).__name__}: {exc}); every rank must read the epoch to its end (a rank "
             f"that stops early leaves the others waiting up to {EXCHANGE_TIMEOUT_S:.0f} s), or "
-            f"pass audit_dir= to exchange through a folder instead"
+            f"pass audit=Audit(dir=...) to exchange through a folder instead"
         ) from exc
 
 
@@ -513,7 +513,7 @@ def _learn(folder: Path, rank: int) -> None:
         finally:
             taken.unlink(missing_ok=True)
         raise CoverageError(
-            f"coverage audit of this rank's iteration {number} over audit_dir, checked by "
+            f"coverage audit of this rank's iteration {number} over the audit's folder, checked by "
             f"{told['checked_by']}: {told['failure']}"
         )
 

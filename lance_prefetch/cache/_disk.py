@@ -205,12 +205,13 @@ class DiskCache(FillingCache):
 
     def _unwritable(self, exc: OSError) -> OSError:
         """``exc`` (of making the folder, the lock or the private fill folder) as an error of
-        the same type naming ``cache_dir`` and the fix."""
+        the same type naming the folder and the fix."""
         return type(exc)(
             exc.errno,
-            f"cache='disk': cache_dir={str(self.cache_dir)!r} cannot hold the copy of "
-            f"{self.source.uri!r} ({type(exc).__name__}: {exc.strerror or exc}); pass a folder "
-            f"this process can write as cache_dir, or set $LANCE_PREFETCH_CACHE_DIR",
+            f"DiskCache: dir={str(self.cache_dir)!r} cannot hold the copy of "
+            f"{self.source.uri!r} ({type(exc).__name__}: {exc.strerror or exc}); pass "
+            f"cache=DiskCache(dir=...) with a folder this process can write, or set "
+            f"$LANCE_PREFETCH_CACHE_DIR",
         )
 
     def _publish(self, stopping: threading.Event | None) -> None:

@@ -143,8 +143,9 @@ def set_aside(copy: Path) -> None:
         os.rename(copy, aside)
     except OSError as exc:
         raise OSError(
-            f"cache='disk': the damaged copy {str(copy)!r} cannot be removed "
-            f"({type(exc).__name__}: {exc}); delete it, or pass another cache_dir="
+            f"DiskCache: the damaged copy {str(copy)!r} cannot be removed "
+            f"({type(exc).__name__}: {exc}); delete it, or pass another "
+            f"cache=DiskCache(dir=...)"
         ) from exc
     shutil.rmtree(aside, ignore_errors=True)
 
@@ -166,10 +167,10 @@ def disk_full_message(cache_dir: Path, what: str, size: int | None) -> str:
         free = "the space free there"
     needs = "" if size is None else f", {size:,} bytes uncompressed"
     return (
-        f"cache='disk': the disk of cache_dir={str(cache_dir)!r} is full: the copy of {what}"
+        f"DiskCache: the disk of dir={str(cache_dir)!r} is full: the copy of {what}"
         f"{needs}) did not fit in {free}; nothing of it was kept. Free space there, pass "
-        f"cache_dir= a folder on a disk with room, or use cache='memory' (rows held in each "
-        f"process) or cache=None (read the dataset directly)"
+        f"cache=DiskCache(dir=...) with a folder on a disk with room, or use cache='memory' "
+        f"(rows held in each process) or cache=None (read the dataset directly)"
     )
 
 

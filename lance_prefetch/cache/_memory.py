@@ -226,11 +226,11 @@ def _take_landed(
 
 
 def too_big(source: LanceSource, size: int | None, budget: int) -> str:
-    """The message of a cache that does not fit ``cache_bytes``."""
+    """The message of a cache that does not fit its ``budget`` (``MemoryCache.max_bytes``)."""
     need = "more than that" if size is None else f"{size:,} bytes ({size / 2**20:,.1f} MiB)"
     return (
-        f"cache='memory': the columns {list(source.columns)} of {source.uri!r} version "
+        f"MemoryCache: the columns {list(source.columns)} of {source.uri!r} version "
         f"{source.version} ({source.num_rows} rows) need {need}, above "
-        f"cache_bytes={budget} ({budget / 2**20:,.1f} MiB); raise cache_bytes, read fewer "
-        f"columns, or use cache='disk'"
+        f"max_bytes={budget} ({budget / 2**20:,.1f} MiB); pass "
+        f"cache=MemoryCache(max_bytes=...) with more, read fewer columns, or use cache='disk'"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lance_prefetch.sources._lance import RowSource
+from lance_prefetch.sources._multi import MixtureSource
 
 __all__ = ["SourceFacade", "loader_identity", "loader_repr"]
 
@@ -45,14 +46,14 @@ def loader_repr(loader: Any) -> str:
         f"PrefetchLoader({loader.uri!r}, batch_size={loader.batch_size}, "
         f"columns={list(loader.columns)}, version={loader.version}, num_rows={loader.num_rows}, "
         f"seed={loader.seed}, epoch={loader.epoch}, readahead={loader.readahead!r}, "
-        f"max_in_flight={loader.max_in_flight!r}, coalesce={loader.coalesce}, "
+        f"coalesce={loader.coalesce}, "
         f"cache={loader.cache!r}, drop_last={loader.drop_last}, "
         + ("shuffle=False, " if not loader.shuffle else "")
         + ("" if config.filter is None else f"filter={config.filter!r}, ")
         + ("" if config.split is None else f"split={config.split!r}, ")
-        + ("" if config.weights is None else f"weights={list(config.weights)}, ")
+        + (f"weights={list(weights)}, " if (weights := _weights(loader._source)) else "")
         + f"rank={loader.rank}, "
-        f"world_size={loader.world_size}, retry={loader.retry!r}, io={loader.io!r}, "
+        f"world_size={loader.world_size}, io={loader.io!r}, read={config.read!r}, "
         f"storage_options={loader._source.options_repr()})"
     )
 
@@ -74,5 +75,10 @@ def loader_identity(loader: Any) -> dict[str, Any]:
         "filter": config.filter,
         "split": None if split is None else split.to_state(),
         "datasets": source.datasets() if several else None,
-        "weights": None if config.weights is None else list(config.weights),
+        "weights": _weights(source),
     }
+
+
+def _weights(source: RowSource) -> list[float] | None:
+    """A mixture's normalised weights, else ``None``."""
+    return list(source.weights) if isinstance(source, MixtureSource) else None

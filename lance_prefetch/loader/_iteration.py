@@ -380,7 +380,7 @@ def start_iteration(
         source,
         epoch=plan.epoch,
         transform=config.transform,
-        retry=config.retry,
+        retry=config.read.retry,
         telemetry=telemetry,
         placement=config.placement,
     )
@@ -402,7 +402,7 @@ def start_iteration(
             process=reader.convert,
             readahead=int(readahead),
             max_in_flight=int(max_in_flight),
-            retry=config.retry,
+            retry=config.read.retry,
             size=len,
             hedge=resolved.hedge,
         )

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import functools
 import multiprocessing.context
-import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -33,12 +32,7 @@ from lance_prefetch.integrations._frameworks import (
     workers_read_ahead_by,
 )
 from lance_prefetch.lifecycle._shutdown import close_all
-from lance_prefetch.loader._config import (
-    DEFAULT_MAX_BUFFER_BYTES,
-    DEFAULT_RETRY,
-    HedgePolicy,
-    LoaderConfig,
-)
+from lance_prefetch.loader._config import LoaderConfig
 from lance_prefetch.loader._epochs import MAX_EPOCH, EpochControl
 from lance_prefetch.loader._facade import SourceFacade, loader_identity, loader_repr
 from lance_prefetch.loader._iteration import LazyIteration, LoaderIterator, start_iteration
@@ -54,16 +48,23 @@ from lance_prefetch.plan._positions import (
     saved_position,
 )
 from lance_prefetch.plan.sampling import EpochPlan
-from lance_prefetch.schedule.retry import RetryPolicy
 from lance_prefetch.sources._multi import epoch_view, naming_rows
 from lance_prefetch.sources._subset import subset_of
 from lance_prefetch.state import check_state, make_state
 
 if TYPE_CHECKING:
-    import lance
     import numpy as np
     import torch
 
+    from lance_prefetch.options import (
+        Audit,
+        DatasetLike,
+        DiskCache,
+        MemoryCache,
+        Mixture,
+        ReadOptions,
+        Shuffle,
+    )
     from lance_prefetch.plan.splits import Split
 
 __all__ = ["PrefetchLoader"]
@@ -77,85 +78,69 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     """Fully random batches from a Lance dataset, read concurrently ahead of the training loop.
 
     Each epoch, the rows of the pinned version are shuffled uniformly from ``(seed, epoch)``, cut
-    into batches of ``batch_size`` rows and dealt to ranks (:mod:`lance_prefetch.plan.sampling`); up to
-    ``max_in_flight`` ``take`` calls read ahead in background threads, up to ``readahead`` batches
-    wait for the loop. Iterate it directly (``loader.set_epoch(epoch)`` before each epoch) or in
+    into batches of ``batch_size`` rows and dealt to ranks (:mod:`lance_prefetch.plan.sampling`);
+    ``take`` calls read ahead in background threads, up to ``readahead`` batches ahead of the
+    loop. Iterate it directly (``loader.set_epoch(epoch)`` before each epoch) or in
     ``DataLoader(loader, batch_size=None, num_workers=4, multiprocessing_context="spawn")``: each
     worker reads its share of the rank's batches, in the same order for any ``num_workers``.
 
     Args:
-        source (str | os.PathLike | lance.LanceDataset | list): dataset URI or open dataset (one
-            opened with ``storage_options`` needs them here too, for workers), or a list of them:
-            their concatenation, one permutation over all rows (``docs/datasets.md``).
+        source (str | os.PathLike | lance.LanceDataset | Dataset | Mixture | list): the
+            dataset: a URI or path, an open dataset, or a
+            :class:`~lance_prefetch.options.Dataset` with its ``version`` and
+            ``storage_options`` (pickled into workers, never printed; an ``s3://`` endpoint
+            given there is probed for at most 3 s). A list of them: their concatenation, one
+            permutation over all rows; a :class:`~lance_prefetch.options.Mixture`: datasets
+            read in proportions (``docs/datasets.md``).
         batch_size (int): rows per batch, ``>= 1``.
-        columns (Sequence[str], optional): columns (or ``"a.b"`` struct fields). Default: all.
-        seed (int, optional): base seed in ``[0, 2**64)``, the same on every rank. Default: ``0``.
-        readahead (int | str, optional): the most batches held (being read or read, not yet
-            handed out), ``>= 1``; ``"auto"``: tuned from the measured wait and rows/s within
-            ``max_buffer_bytes``. Default: ``"auto"``.
-        max_in_flight (int | str, optional): the most ``take`` calls at once, ``>= 1``,
-            ``<= readahead`` if both are ints; ``"auto"``: tuned (from 4). Default: ``"auto"``.
+        columns (Sequence[str], optional): columns (or ``"a.b"`` struct fields), in order.
+            Default: ``None``, all top-level columns.
+        filter (str, optional): a Lance SQL predicate, as ``scanner(filter=...)`` takes: epochs
+            permute only the matching rows (``docs/subsets.md``). Default: ``None``, every row.
+        split (Split, optional): one part of a seeded split of the (matching) rows
+            (:class:`~lance_prefetch.Split`). Default: ``None``.
+        shuffle (bool | Shuffle, optional): ``True``: a new uniform permutation each epoch
+            (:class:`~lance_prefetch.options.Shuffle` says how it is held); ``False``: the
+            dataset's own order, every epoch (for evaluation): with ``drop_last=False`` every
+            row exactly once across ranks and workers, nothing padded, a rank's last batch maybe
+            short and a rank maybe one batch short (``len()`` says each rank's). Default:
+            ``True``.
         drop_last (bool, optional): ``True``: full batches, the permutation's tail left out;
             ``False``: every row, the last batch maybe short (shuffled: a round padded by
             wrapping around, so every rank gets as many batches). Default: ``None``:
             ``True``, or ``False`` with ``shuffle=False``.
-        shuffle (bool, optional): ``False``: the dataset's own order, every epoch (for
-            evaluation): with ``drop_last=False`` every row exactly once across ranks and
-            workers, nothing padded, a rank's last batch maybe short and a rank maybe one batch
-            short (``len()`` says each rank's). Default: ``True``.
-        rank, world_size (int, optional): this process's rank in ``[0, world_size)``, both or
-            neither. Default: ``None``, from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``,
-            else ``0`` of ``1``.
-        storage_options (Mapping[str, str], optional): passed to Lance as they are, pickled into
-            workers, never printed; an ``s3://`` endpoint set here is probed for at most
-            ``connect_timeout`` (3 s); a list: one (or ``None``) per dataset. Default: ``None``.
-        version (int | str, optional): version number or tag to pin (a list: one per dataset).
-            Default: ``None``, latest.
+        seed (int, optional): base seed in ``[0, 2**64)``, the same on every rank. Default: ``0``.
+        rank (int, optional): this process's rank, ``>= 0`` and ``< world_size``. Default:
+            ``None``, from ``torch.distributed``, else ``RANK``, else ``0``.
+        world_size (int, optional): the number of ranks, ``>= 1``. Default: ``None``, from
+            ``torch.distributed``, else ``WORLD_SIZE``, else ``1``.
+        readahead (int | "auto", optional): the most batches held (being read or read, not
+            yet handed out), ``>= 1``; ``"auto"``: tuned from the measured wait and rows/s
+            within ``read.max_buffer_bytes``. Default: ``"auto"``.
+        read (ReadOptions, optional): concurrency, take sizes, memory, reader, retries and
+            hedging (:class:`~lance_prefetch.options.ReadOptions`). Default: ``None``, its
+            defaults.
+        cache ("memory" | "disk" | MemoryCache | DiskCache, optional): keep the rows after the
+            first read, in this process's memory or in a local copy shared by processes; same
+            rows, same order (:class:`~lance_prefetch.options.MemoryCache`,
+            :class:`~lance_prefetch.options.DiskCache`; the words are their defaults).
+            Default: ``None``, every epoch reads the dataset.
         transform (Callable, optional): applied to each converted batch in the read threads
             (thread-safe); its result is yielded. Default: ``None``.
-        retry (RetryPolicy, optional): how a failing or stuck ``take`` is retried; ``None``: not.
-            Default: ``RetryPolicy()``.
-        hedge (HedgePolicy | str, optional): a late ``take`` read again, the first back used
-            (:class:`~lance_prefetch.HedgePolicy`); ``None``: never. Default: ``"auto"`` (S3 etc.).
-        permutation (str, optional): ``"array"``, ``"lazy"`` (constant memory; another order, the
-            same guarantees) or ``"auto"`` (``"lazy"`` above 2**27 rows). Default: ``"auto"``.
-        log_every (float, optional): log :meth:`stats` every this many seconds (INFO, logger
-            ``"lance_prefetch.stats"``). Default: ``None``.
-        coalesce (int | str, optional): consecutive batches read by one ``take`` and split back;
-            ``"auto"``: ``ceil(4096 / batch_size)``; on an object store ``ceil(k / batch_size)``,
-            ``k`` in ``[4096, 16384]`` where the dataset is dense enough for a take's neighbours
-            to share requests, else 4096 (``_coalesce.remote_target``); there, what Lance
-            fetches for each take in flight counts against ``max_buffer_bytes`` too; at most
-            ``readahead // 2``; an int ``<= readahead``. Default: ``"auto"``.
-        cache (str, optional): ``"memory"`` (one scan fills this process's copy) or ``"disk"`` (a
-            local copy under ``cache_dir``, shared); same rows, same order. Default: ``None``.
-        cache_bytes, cache_dir (optional): with ``cache="memory"``, the most bytes of rows (an int;
-            default: half the physical memory); with ``cache="disk"``, the copy's folder (default:
-            ``$LANCE_PREFETCH_CACHE_DIR``, else ``~/.cache/lance-prefetch``).
-        max_buffer_bytes (int, optional): with ``readahead="auto"``, the most bytes read ahead:
-            the batches' Arrow bytes and, on an object store, for each take in flight what Lance
-            fetches for it (``_coalesce.take_memory``). Default: 256 MiB.
-        io (str, optional): ``"auto"`` (or ``None``): io_uring for local files where the kernel
-            allows it, else Lance's default reader; ``"uring"``: io_uring, falling back with a
-            ``RuntimeWarning``; ``"default"``: Lance's reader. Default: ``"auto"``.
         pin_memory (bool, optional): pin each batch's tensors in the read threads (a
             ``UserWarning`` and no pinning without an accelerator). Default: ``False``.
         device (str | int | torch.device, optional): hand batches out on it, each copy issued
             with ``non_blocking=True`` one batch ahead (on a side stream where the device has
             streams); ``"cpu"``: as read. Not in DataLoader workers (use
             ``DataLoader(pin_memory=True)`` there). Default: ``None``.
-        audit (bool, optional): record the rows handed out (1 bit a row); at each epoch's end
-            check over all ranks and workers that each came as :mod:`~lance_prefetch.plan.sampling`
-            says (a failure: ``CoverageError`` from the last ``next()``; a pass:
-            :attr:`audit_report`). An epoch cut short is not audited. Default: ``False``.
-        audit_dir (str | os.PathLike, optional): a folder all ranks and workers can write, where
-            their records meet (with workers, or ranks without a process group). Default: ``None``.
-        filter (str, optional): a Lance SQL predicate, as ``scanner(filter=...)`` takes: epochs
-            permute only the matching rows (``docs/subsets.md``). Default: ``None``, every row.
-        split (Split, optional): one part of a seeded split of the (matching) rows
-            (:class:`~lance_prefetch.Split`). Default: ``None``.
-        weights (Sequence[float], optional): with a list ``source``, a mixture: each epoch reads
-            the datasets in these proportions, each >= 1 row (``docs/datasets.md``). Default: None.
+        audit (bool | Audit, optional): record the rows handed out (1 bit a row); at each
+            epoch's end check over all ranks and workers that each came as
+            :mod:`~lance_prefetch.plan.sampling` says (a failure: ``CoverageError`` from the last
+            ``next()``; a pass: :attr:`audit_report`). An epoch cut short is not audited.
+            ``True`` is :class:`~lance_prefetch.options.Audit` ``()``; with DataLoader workers,
+            ``Audit(dir=...)``. Default: ``False``.
+        log_every (float, optional): log :meth:`stats` every this many seconds (INFO, logger
+            ``"lance_prefetch.stats"``). Default: ``None``, never.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
     and variable-length lists; :mod:`lance_prefetch.convert`).
@@ -163,9 +148,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     Raises:
         TypeError, ValueError: a wrong argument (named, with the fix), before any I/O; a column
             without tensor form; a missing column or version; no rows, or fewer than
-            ``batch_size * world_size`` with ``drop_last=True``; more than ``cache_bytes``; a
-            ``filter`` Lance refuses (its message quoted) or that matches nothing; an empty
-            ``split`` part.
+            ``batch_size * world_size`` with ``drop_last=True``; more rows than
+            ``MemoryCache.max_bytes``; a ``filter`` Lance refuses (its message quoted) or that
+            matches nothing; an empty ``split`` part.
         FileNotFoundError, PermissionError, ConnectionError: no dataset or bucket, refused
             credentials, an endpoint that does not answer.
 
@@ -176,70 +161,46 @@ class PrefetchLoader(SourceFacade, IterableDataset):
 
     def __init__(
         self,
-        source: str | os.PathLike[str] | lance.LanceDataset | Sequence[Any],
+        source: DatasetLike | Mixture | Sequence[DatasetLike],
         batch_size: int,
         *,
         columns: Sequence[str] | None = None,
-        seed: int = 0,
-        readahead: int | str = "auto",
-        max_in_flight: int | str = "auto",
-        drop_last: bool | None = None,
-        shuffle: bool = True,
-        rank: int | None = None,
-        world_size: int | None = None,
-        storage_options: Mapping[str, str] | None = None,
-        version: int | str | None = None,
-        transform: Callable[[dict[str, Any]], Any] | None = None,
-        retry: RetryPolicy | None = DEFAULT_RETRY,
-        hedge: HedgePolicy | str | None = "auto",
-        permutation: str = "auto",
-        io: str | None = "auto",
-        log_every: float | None = None,
-        coalesce: int | str = "auto",
-        cache: str | None = None,
-        cache_bytes: int | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
-        pin_memory: bool = False,
-        device: str | int | torch.device | None = None,
-        audit: bool = False,
-        audit_dir: str | os.PathLike[str] | None = None,
         filter: str | None = None,
         split: Split | None = None,
-        weights: Sequence[float] | None = None,
+        shuffle: bool | Shuffle = True,
+        drop_last: bool | None = None,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        readahead: int | Literal["auto"] = "auto",
+        read: ReadOptions | None = None,
+        cache: Literal["memory", "disk"] | MemoryCache | DiskCache | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        pin_memory: bool = False,
+        device: str | int | torch.device | None = None,
+        audit: bool | Audit = False,
+        log_every: float | None = None,
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch.loader._config.LoaderConfig`).
         self.config = config = LoaderConfig(
             batch_size=batch_size,
             columns=columns,
-            seed=seed,
-            readahead=readahead,
-            max_in_flight=max_in_flight,
-            drop_last=drop_last,
+            filter=filter,
+            split=split,
             shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
             rank=rank,
             world_size=world_size,
-            storage_options=storage_options,
-            version=version,
-            transform=transform,
-            retry=retry,
-            permutation=permutation,
-            io=io,
-            log_every_s=log_every,
-            coalesce=coalesce,
+            readahead=readahead,
+            read=read,
             cache=cache,
-            cache_bytes=cache_bytes,
-            cache_dir=cache_dir,
-            max_buffer_bytes=max_buffer_bytes,
+            transform=transform,
             pin_memory=pin_memory,
             device=device,
             audit=audit,
-            audit_dir=audit_dir,
-            filter=filter,
-            split=split,
-            weights=weights,
-            hedge=hedge,
+            log_every_s=log_every,
         )
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
@@ -274,10 +235,10 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     drop_last = _option("drop_last", "Whether the epoch's tail is left out (resolved).")
     shuffle = _option("shuffle", "Whether each epoch is a new uniform permutation.")
     readahead = _option("readahead", "``readahead`` as given (an int, or ``'auto'``).")
-    max_in_flight = _option("max_in_flight", "``max_in_flight`` as given (an int or ``'auto'``).")
+    read = _option("read", "The :class:`~lance_prefetch.options.ReadOptions` in use.")
     transform = _option("transform", "Applied to each converted batch, or ``None``.")
-    retry = _option("retry", "The :class:`~lance_prefetch.RetryPolicy` of reads, or ``None``.")
-    cache = _option("cache", "``'memory'``, ``'disk'`` or ``None``: where batches come from.")
+    cache = _option("cache", "The ``MemoryCache``, ``DiskCache`` or ``None`` in use.")
+    audit = _option("audit", "The :class:`~lance_prefetch.options.Audit` in use, or ``None``.")
     log_every = _option("log_every_s", "Seconds between logged :meth:`stats`, or ``None``.")
 
     @property
@@ -571,7 +532,12 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         self._worker_resume = None
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
         share = Share(-1 if every_rank else rank, worker_id, num_workers, skip)
-        exchange = choose_exchange(self.config, share, world_size, in_worker=worker is not None)
+        audit_options = self.config.audit
+        exchange = None
+        if audit_options is not None:
+            exchange = choose_exchange(
+                audit_options.dir, share, world_size, in_worker=worker is not None
+            )
         end = end_position(self.num_rows, self.batch_size, drop_last=self.drop_last)
         decision = self._control.begin(ident, forced=forced, end=end)
         # a framework wrapper among the callers of this first next() that reads ahead of the step
@@ -590,7 +556,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             exchange,
             plan,
             share,
-            self.config.audit_dir,
+            None if audit_options is None else audit_options.dir,
             identity=loader_identity(self),
             memory=self._audit_memory,
             ident=ident,

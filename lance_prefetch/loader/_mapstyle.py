@@ -21,9 +21,8 @@ it (it sees a sequence of row dicts and stacks them again), at the price of a co
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import numpy as np
 import torch
@@ -31,13 +30,14 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from lance_prefetch.convert._arrow import check_schema, to_tensors
-from lance_prefetch.loader._config import DEFAULT_RETRY, MapDatasetConfig
+from lance_prefetch.loader._config import MapDatasetConfig
 from lance_prefetch.loader._facade import SourceFacade
+from lance_prefetch.options import DEFAULT_RETRY, as_dataset
 from lance_prefetch.schedule.retry import RetryPolicy
 from lance_prefetch.sources._lance import LanceSource
 
 if TYPE_CHECKING:
-    import lance
+    from lance_prefetch.options import DatasetLike
 
 __all__ = ["ColumnBatch", "LanceMapDataset", "collate"]
 
@@ -93,14 +93,13 @@ class LanceMapDataset(SourceFacade, Dataset):
     """A map-style ``Dataset`` of the rows of one pinned Lance dataset version.
 
     Args:
-        source (str | os.PathLike | lance.LanceDataset): dataset URI or open dataset (an open one
-            opened with ``storage_options`` needs them here too, for workers).
+        source (str | os.PathLike | lance.LanceDataset | Dataset): dataset URI or path, open
+            dataset, or a :class:`~lance_prefetch.options.Dataset` with its ``version``
+            (default: the latest at construction; the dataset keeps reading that version) and
+            ``storage_options`` (S3 credentials, endpoint; pickled along into worker processes,
+            never printed), as for :class:`~lance_prefetch.PrefetchLoader`.
         columns (Sequence[str], optional): columns to read, or dotted paths into structs
             (``"image.bytes"``; see :mod:`lance_prefetch.convert`). Default: ``None``, all columns.
-        storage_options (Mapping[str, str], optional): passed to Lance (S3 credentials, endpoint);
-            pickled along into worker processes, never printed. Default: ``None``.
-        version (int | str, optional): version number or tag. Default: ``None``, the latest at
-            construction; the dataset keeps reading that version.
         transform (Callable, optional): applied to each batch from :meth:`__getitems__` (and to
             each row from :meth:`__getitem__`), in the process that reads it: a DataLoader worker, so
             CPU-heavy preprocessing runs in parallel across workers. Default: ``None``.
@@ -108,9 +107,9 @@ class LanceMapDataset(SourceFacade, Dataset):
             retried, in the reading process's own thread (see
             :class:`~lance_prefetch.RetryPolicy`; its ``timeout`` must be ``None`` here).
             ``None``: no retry. Default: ``RetryPolicy()``, 3 attempts.
-        io (str, optional): ``"auto"``, ``"default"`` or ``"uring"`` (Lance's io_uring reader
-            for local files), as for :class:`~lance_prefetch.PrefetchLoader`; :attr:`io` is the
-            reader in use. Default: ``"auto"``.
+        io ("auto" | "default" | "uring", optional): Lance's reader, as
+            :class:`~lance_prefetch.options.ReadOptions` ``io`` for the loader; :attr:`io` is
+            the reader in use. Default: ``"auto"``.
 
     Indices are offsets among the live rows of the pinned version, ``0 .. len(dataset) - 1``
     (negative ones count from the end, as in Python). The dataset pickles small (URI, version,
@@ -124,7 +123,8 @@ class LanceMapDataset(SourceFacade, Dataset):
     Raises:
         TypeError: an argument has the wrong type, or a column's Arrow type has no tensor form.
         ValueError: a column or ``version`` does not exist, ``retry`` has a ``timeout``, or
-            ``io`` is not ``"default"``/``"uring"`` or is ``"uring"`` for an object store.
+            ``io`` is not ``"auto"``/``"default"``/``"uring"`` or is ``"uring"`` for an object
+            store.
         FileNotFoundError: there is no dataset at ``source``.
         PermissionError, ConnectionError: as for :class:`~lance_prefetch.PrefetchLoader` on an
             object store (see :class:`~lance_prefetch.sources._lance.LanceSource`).
@@ -132,25 +132,19 @@ class LanceMapDataset(SourceFacade, Dataset):
 
     def __init__(
         self,
-        source: str | os.PathLike[str] | lance.LanceDataset,
+        source: DatasetLike,
         *,
         columns: Sequence[str] | None = None,
-        storage_options: Mapping[str, str] | None = None,
-        version: int | str | None = None,
         transform: Callable[[Any], Any] | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
-        io: str | None = "auto",
+        io: Literal["auto", "default", "uring"] = "auto",
     ) -> None:
         self.config = config = MapDatasetConfig(
-            columns=columns,
-            storage_options=storage_options,
-            version=version,
-            transform=transform,
-            retry=retry,
-            io=io,
+            columns=columns, transform=transform, retry=retry, io=io
         )
         self.transform, self.retry = config.transform, config.retry
-        self._source = LanceSource(source, config.source_options)
+        dataset = as_dataset(source)
+        self._source = LanceSource(dataset.uri, config.source_options(dataset))
         check_schema(self._source.schema)
 
     def __len__(self) -> int:

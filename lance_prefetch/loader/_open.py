@@ -7,45 +7,53 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from lance_prefetch import options
 from lance_prefetch.cache._disk import with_cache
 from lance_prefetch.convert import check_schema
 from lance_prefetch.loader._config import LoaderConfig
+from lance_prefetch.options import Mixture, as_dataset
 from lance_prefetch.sources._lance import LanceSource, RowSource
 from lance_prefetch.sources._multi import ConcatSource, MixtureSource
-from lance_prefetch.sources._options import SourceOptions
 from lance_prefetch.sources._subset import SubsetSource, select
 
 __all__ = ["check_compatible", "open_source", "open_sources"]
 
 
 def open_sources(source: Any, config: LoaderConfig) -> RowSource:
-    """The source a loader reads: one dataset (:func:`~lance_prefetch.sources._subset.open_source`), or
-    a list of them concatenated (with ``weights``: mixed), each opened with its own storage
-    options and version, cached and mapped to ``filter``/``split`` on its own.
+    """The source a loader reads: one dataset (:func:`open_source`), a list of them
+    concatenated, or a :class:`~lance_prefetch.options.Mixture` of them; each dataset opened
+    with its own storage options and version, cached and mapped to ``filter``/``split`` on its
+    own, and read with the first one's columns.
 
     Raises:
-        ValueError: an empty list, lists of options of another length, ``weights`` for one
-            dataset, a dataset without one of the first one's columns, or of another type
-            (naming the dataset, the column and both types); the errors of ``open_source``,
-            each prefixed with ``source[i]``.
+        TypeError: ``source`` (or an item of it) is not a dataset.
+        ValueError: an empty list, a dataset without one of the first one's columns, or of
+            another type (naming the dataset, the column and both types); the errors of
+            ``open_source``, each prefixed with ``source[i]``.
     """
-    if not isinstance(source, (list, tuple)):
-        config.per_dataset(None)  # lists of options are refused for one dataset
+    if isinstance(source, Mixture):
+        datasets, weights = source.datasets, source.weights
+    elif isinstance(source, (list, tuple)):
+        datasets, weights = tuple(source), None
+    else:
         return open_source(source, config)
-    if not source:
+    if not datasets:
         raise ValueError("source is an empty list; give one or more dataset URIs")
     opened: list[RowSource] = []
-    for i, options in enumerate(config.per_dataset(len(source))):
-        if opened:  # the first dataset's projection, in every dataset
-            options = dataclasses.replace(options, columns=opened[0].columns)
+    for i, dataset in enumerate(datasets):
+        dataset = as_dataset(dataset, name=f"source[{i}]")
         try:
-            opened.append(open_source(source[i], config, options=options))
+            opened.append(
+                open_source(dataset, config, columns=opened[0].columns if opened else None)
+            )
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"source[{i}]: {exc}") from exc
         if i:
             check_compatible(opened[0], opened[i], i)
     concat = ConcatSource(opened)
-    return concat if config.weights is None else MixtureSource(concat, config.weights, config.seed)
+    if weights is None:
+        return concat
+    return MixtureSource(concat, weights, config.seed, shuffle=config.shuffle)
 
 
 def check_compatible(first: RowSource, other: RowSource, index: int) -> None:
@@ -66,20 +74,25 @@ def check_compatible(first: RowSource, other: RowSource, index: int) -> None:
 
 
 def open_source(
-    source: Any, config: LoaderConfig, options: SourceOptions | None = None
+    source: Any, config: LoaderConfig, *, columns: tuple[str, ...] | None = None
 ) -> RowSource:
-    """The source a loader reads: the pinned, projected dataset (its schema checked), with the
+    """One dataset as a loader reads it: pinned and projected (its schema checked), with the
     cache ``config`` asks for, and mapped to the rows of its ``filter`` and ``split``
-    (``options``: instead of ``config.source_options``, for one of several datasets).
-    ``cache="memory"`` holds the selected rows only; ``cache="disk"`` copies the whole version
-    (one copy serves every filter and split of it).
+    (``columns``: instead of ``config.columns``, for the second and later of several
+    datasets). A memory cache holds the selected rows only; a disk cache copies the whole
+    version (one copy serves every filter and split of it).
 
     Raises:
+        TypeError: ``source`` is not a dataset.
         ValueError: the version has no rows; the errors of :func:`select`, of the schema check
             and of the cache's size check.
         Exception: the errors of :class:`~lance_prefetch.sources._lance.LanceSource`.
     """
-    lance_source = LanceSource(source, options or config.source_options)
+    dataset = as_dataset(source)
+    how = config.source_options(dataset)
+    if columns is not None:
+        how = dataclasses.replace(how, columns=columns)
+    lance_source = LanceSource(dataset.uri, how)
     check_schema(lance_source.schema)
     if lance_source.num_rows == 0:
         raise ValueError(
@@ -87,10 +100,19 @@ def open_source(
             f"{lance_source.version}; write data first or pick another version"
         )
     subset = select(lance_source, config.filter, config.split)
-    cache, cache_bytes, cache_dir = config.cache, config.cache_bytes, config.cache_dir
     if subset is None:
-        return with_cache(lance_source, cache, cache_bytes=cache_bytes, cache_dir=cache_dir)
-    if cache == "memory":
-        subset_source = SubsetSource(lance_source, subset)
-        return with_cache(subset_source, cache, cache_bytes=cache_bytes)  # type: ignore[arg-type]
-    return SubsetSource(with_cache(lance_source, cache, cache_dir=cache_dir), subset)
+        return _cached(lance_source, config.cache)
+    if isinstance(config.cache, options.MemoryCache):  # the selected rows only
+        return _cached(SubsetSource(lance_source, subset), config.cache)  # type: ignore[arg-type]
+    return SubsetSource(_cached(lance_source, config.cache), subset)
+
+
+def _cached(
+    source: LanceSource, cache: options.MemoryCache | options.DiskCache | None
+) -> RowSource:
+    """``source`` itself (no cache) or the cache ``cache`` describes over it."""
+    if isinstance(cache, options.MemoryCache):
+        return with_cache(source, "memory", cache_bytes=cache.max_bytes)
+    if isinstance(cache, options.DiskCache):
+        return with_cache(source, "disk", cache_dir=cache.dir)
+    return source

@@ -1,6 +1,7 @@
 """This process's rank and world size, for one loader (see ``docs/distributed.md``).
 
-Given ranks (``rank=``, ``world_size=``) are kept as they are. Detected ones follow the process
+Given ranks (``rank=``, ``world_size=``) are kept as they are; one of them given alone is
+combined with the other detected, as ``DistributedSampler`` does. Detected ones follow the process
 that reads: each time the loader is used in a process (an iteration, ``len()``, a checkpoint, a
 pickling for DataLoader workers) they are detected again, from an initialized ``torch.distributed``
 process group, else from the ``RANK`` and ``WORLD_SIZE`` environment variables, and a change is
@@ -50,21 +51,43 @@ class Ranks:
     """The rank and world size of one loader in this process.
 
     Args:
-        rank (int, optional): given with ``world_size`` (checked by the config), or ``None`` to
-            detect both.
+        rank (int, optional): given (checked by the config), or ``None`` to detect it.
         world_size (int, optional): likewise.
+
+    Raises:
+        ValueError: a given ``rank`` is not below the detected world size, or a given
+            ``world_size`` not above the detected rank.
     """
 
     def __init__(self, rank: int | None, world_size: int | None) -> None:
-        self.given = rank is not None
+        self._given = (rank, world_size)
+        self.given = rank is not None and world_size is not None
         self._unknown = False  # only one of RANK/WORLD_SIZE was set: known at first use
-        if rank is not None and world_size is not None:
+        if self.given:
             self.value = (rank, world_size)
             return
         try:
-            self.value = detect_ranks() or (0, 1)
+            self.value = self._combined(detect_ranks() or (0, 1))
         except _HalfSet:
-            self.value, self._unknown = (0, 1), True
+            self.value, self._unknown = self._combined((0, 1)), True
+
+    def _combined(self, detected: tuple[int, int]) -> tuple[int, int]:
+        """The given rank or world size in place of the detected one (checked together)."""
+        rank, world_size = self._given
+        combined = (
+            detected[0] if rank is None else rank,
+            detected[1] if world_size is None else world_size,
+        )
+        if combined[0] >= combined[1]:
+            given, detected_name = (
+                ("rank", "world_size") if rank is not None else ("world_size", "rank")
+            )
+            raise ValueError(
+                f"rank should be < world_size, but rank={combined[0]} and "
+                f"world_size={combined[1]} ({given} given, {detected_name} detected from the "
+                f"process group or RANK/WORLD_SIZE); pass both rank= and world_size=, or neither"
+            )
+        return combined
 
     def current(self, *, in_worker: bool, reading: bool = False) -> tuple[int, int]:
         """The ranks to read with now: given ones; in a DataLoader worker the parent's; else
@@ -77,20 +100,21 @@ class Ranks:
         Raises:
             ValueError: only one of ``RANK``/``WORLD_SIZE`` is set and no process group is
                 initialized: this process's rank is not known (the message says where to build
-                or use the loader).
+                or use the loader); or a given rank or world size does not fit the detected one.
             RuntimeError: the ranks changed while ``reading``.
         """
         if self.given or in_worker:
             return self.value
         try:
-            live = detect_ranks()
+            detected = detect_ranks()
         except _HalfSet:
             raise ValueError(_half_set_message()) from None
-        if live is None:
+        if detected is None:
             if self._unknown:
                 raise ValueError(_half_set_message())
             return self.value
         self._unknown = False
+        live = self._combined(detected)
         if live != self.value and reading:
             raise RuntimeError(
                 f"this process became rank {live[0]} of {live[1]} while an iteration of the "

@@ -155,21 +155,11 @@ def coalesce_size(
     coalesce: int | str, batch_size: int, readahead: int, *, target: int = TARGET_ROWS
 ) -> int:
     """Batches per ``take``: the rule above for ``"auto"`` (aiming at ``target`` rows), else
-    ``coalesce`` itself.
-
-    Raises:
-        ValueError: an int ``coalesce`` above ``readahead`` (a take's batches all count against
-            the readahead bound, so it could never start).
-    """
+    ``coalesce`` itself, at most ``readahead`` (a take's batches all count against the
+    readahead bound, so a larger one could never start)."""
     if coalesce == "auto":
         return max(1, min(math.ceil(target / batch_size), readahead // 2))
-    if coalesce > readahead:  # type: ignore[operator]
-        raise ValueError(
-            f"coalesce should be <= readahead, but got coalesce={coalesce} > "
-            f"readahead={readahead}; a take of {coalesce} batches holds {coalesce} readahead "
-            f"slots. Raise readahead or lower coalesce"
-        )
-    return coalesce  # type: ignore[return-value]
+    return min(int(coalesce), readahead)
 
 
 def share_size(size: int, share: int, max_in_flight: int) -> int:

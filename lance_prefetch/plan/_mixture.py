@@ -14,7 +14,9 @@ index), so the counts sum to ``L`` and each is within one row of ``L * w_i`` and
 permutation of the ``L`` positions then interleaves the datasets, exactly ``n_i`` rows of each
 per epoch. Within dataset ``i``, epoch ``e`` reads the first ``n_i`` rows of a permutation of its
 ``N_i`` rows seeded by ``(seed, i)`` and ``e`` (:func:`dataset_seed`): no row twice in an epoch,
-another sample each epoch, so rows repeat across epochs only.
+another sample each epoch, so rows repeat across epochs only. Without shuffling
+(``shuffle=False``) both orders are the identity: an epoch reads the first ``n_i`` rows of each
+dataset, dataset after dataset, the same every epoch.
 """
 
 from __future__ import annotations

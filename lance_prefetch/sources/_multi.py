@@ -1,6 +1,6 @@
 """Several datasets read as one: :class:`ConcatSource` (their concatenation) and
-:class:`MixtureSource` (a weighted mixture of them), and :func:`open_sources`, which opens a
-loader's ``source`` whether it is one dataset or a list of them.
+:class:`MixtureSource` (a weighted mixture of them); :mod:`lance_prefetch.loader._open` opens
+them.
 
 Like a subset (:mod:`lance_prefetch.sources._subset`), the plan stays pure: an epoch permutes positions
 ``0 .. M-1`` and the source maps them to rows at read time. In a concatenation of datasets with
@@ -153,15 +153,19 @@ class MixtureSource(ConcatSource):
     Args:
         concat (ConcatSource): the datasets. weights (Sequence[float]): normalised, one each.
         seed (int): the loader's seed.
+        shuffle (bool): each epoch samples each dataset's rows anew (``True``), or reads the
+            first ``counts[i]`` rows of dataset ``i`` in order, the same every epoch.
 
     Raises:
         ValueError: a weight gives its dataset no row in an epoch (naming ``weights``, the
             dataset and the weight that would give it one).
     """
 
-    def __init__(self, concat: ConcatSource, weights: Sequence[float], seed: int) -> None:
+    def __init__(
+        self, concat: ConcatSource, weights: Sequence[float], seed: int, *, shuffle: bool = True
+    ) -> None:
         super().__init__(concat.sources)
-        self.weights, self.seed = tuple(weights), seed
+        self.weights, self.seed, self.shuffle = tuple(weights), seed, shuffle
         self.sizes = [s.num_rows for s in self.sources]
         self.length = epoch_length(self.weights, self.sizes)
         self.counts = mixture_counts(self.weights, self.length)
@@ -193,9 +197,11 @@ class MixtureSource(ConcatSource):
 
     def samples(self, epoch: int) -> list[Permutation]:
         """Each dataset's permutation in ``epoch``, whose first ``counts[i]`` rows it gives
-        (an ``"array"`` one is materialised on first use, once per epoch and process)."""
+        (an ``"array"`` one is materialised on first use, once per epoch and process; without
+        ``shuffle``, the dataset's own order)."""
+        kind = "auto" if self.shuffle else "identity"
         return [
-            make_permutation("auto", size, dataset_seed(self.seed, i), epoch)
+            make_permutation(kind, size, dataset_seed(self.seed, i), epoch)
             for i, size in enumerate(self.sizes)
         ]
 

@@ -8,9 +8,10 @@ from typing import Any
 
 from lance_prefetch._validate import check_choice, check_names, check_str_mapping, check_version
 
-__all__ = ["SourceOptions"]
+__all__ = ["IO_CHOICES", "SourceOptions"]
 
-_IO_WORDS = {
+#: The readers ``io`` chooses from, each with a few words on it.
+IO_CHOICES = {
     "auto": "io_uring for local files where the kernel allows it, else Lance's reader",
     "default": "Lance's reader",
     "uring": "its io_uring reader, local files only",
@@ -44,7 +45,7 @@ class SourceOptions:
         _set(self, "storage_options", check_str_mapping("storage_options", self.storage_options))
         _set(self, "columns", check_names("columns", self.columns))
         _set(self, "version", check_version("version", self.version))
-        io = check_choice("io", self.io, tuple(_IO_WORDS), none=True, explain=_IO_WORDS)
+        io = check_choice("io", self.io, tuple(IO_CHOICES), none=True, explain=IO_CHOICES)
         _set(self, "io", io or "auto")
 
 

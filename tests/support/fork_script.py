@@ -27,7 +27,7 @@ import time
 
 from torch.utils.data import DataLoader
 
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import PrefetchLoader, ReadOptions
 from lance_prefetch.schedule._blocking import THREAD_NAME
 from support.helpers import child_exit_code  # tests/ is on PYTHONPATH (checkout_env)
 
@@ -74,7 +74,9 @@ def child(loader: PrefetchLoader, iterator) -> None:
 
 
 def main() -> None:
-    loader = PrefetchLoader(sys.argv[1], 10, columns=["id"], readahead=8, max_in_flight=4)
+    loader = PrefetchLoader(
+        sys.argv[1], 10, columns=["id"], readahead=8, read=ReadOptions(max_in_flight=4)
+    )
     iterator = iter(loader)
     seen = [next(iterator)["id"].tolist() for _ in range(3)]
 

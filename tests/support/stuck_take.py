@@ -57,7 +57,7 @@ atexit.register(report)  # before lance_prefetch registers its hook: runs after 
 
 import pyarrow as pa  # noqa: E402
 
-from lance_prefetch import PrefetchLoader  # noqa: E402
+from lance_prefetch import PrefetchLoader, ReadOptions  # noqa: E402
 from lance_prefetch.schedule._blocking import THREAD_NAME  # noqa: E402
 from lance_prefetch.sources._lance import LanceSource  # noqa: E402
 
@@ -97,7 +97,7 @@ def on_sigint(signum, frame):
 signal.signal(signal.SIGINT, on_sigint)
 
 loader = PrefetchLoader(
-    sys.argv[1], 10, columns=["id"], readahead=8, max_in_flight=4, coalesce=1
+    sys.argv[1], 10, columns=["id"], readahead=8, read=ReadOptions(max_in_flight=4, coalesce=1)
 )  # one take per batch: the takes of batches 2..5 are the ones held
 PLAN = loader.epoch_plan()
 POSITION = {tuple(PLAN.batch(p).indices.tolist()): p for p in range(PLAN.batches_per_rank)}

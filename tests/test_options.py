@@ -1,0 +1,202 @@
+"""The option groups (lance_prefetch.options): each checks itself when built, before any I/O,
+the shorthands mean their defaults, and no option is valid only with another's value."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from support.helpers import batch_ids
+
+from lance_prefetch import (
+    Audit,
+    Dataset,
+    DiskCache,
+    HedgePolicy,
+    MemoryCache,
+    PrefetchLoader,
+    ReadOptions,
+    RetryPolicy,
+    Shuffle,
+)
+from lance_prefetch.options import as_audit, as_cache, as_dataset, as_shuffle
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (
+            lambda: ReadOptions(max_in_flight=0),
+            ValueError,
+            "max_in_flight should be an integer >= 1, but got max_in_flight=0",
+        ),
+        (
+            lambda: ReadOptions(max_in_flight=2.0),
+            TypeError,
+            "max_in_flight should be an integer or 'auto', but got max_in_flight=2.0 (float)",
+        ),
+        (
+            lambda: ReadOptions(max_buffer_bytes=0),
+            ValueError,
+            "max_buffer_bytes should be an integer >= 1, but got max_buffer_bytes=0",
+        ),
+        (
+            lambda: ReadOptions(io="fast"),
+            ValueError,
+            "io should be 'auto' (io_uring for local files where the kernel allows it, else "
+            "Lance's reader), 'default' (Lance's reader) or 'uring' (its io_uring reader, local "
+            "files only), but got io='fast'",
+        ),
+        (lambda: ReadOptions(io=None), TypeError, "io should be a string, but got io=None"),
+        (
+            lambda: ReadOptions(retry=3),
+            TypeError,
+            "retry should be a lance_prefetch.RetryPolicy or None, but got retry=3",
+        ),
+        (
+            lambda: Shuffle(permutation="random"),
+            ValueError,
+            "permutation should be one of 'auto', 'array', 'lazy', but got permutation='random'",
+        ),
+        (
+            lambda: Dataset(3),
+            TypeError,
+            "Dataset: uri should be a dataset URI (str or os.PathLike) or a lance.LanceDataset, "
+            "but got int",
+        ),
+        (
+            lambda: Dataset("a.lance", version=0),
+            ValueError,
+            "version should be an integer >= 1, but got version=0",
+        ),
+        (
+            lambda: Dataset("a.lance", storage_options={"region": 1}),
+            TypeError,
+            "storage_options should be a dict of str to str, but got a mapping with keys "
+            "['region']",
+        ),
+        (
+            lambda: MemoryCache(max_bytes=0),
+            ValueError,
+            "max_bytes should be an integer >= 1, but got max_bytes=0",
+        ),
+        (
+            lambda: Audit(dir=""),
+            ValueError,
+            "Audit: dir should be a folder (created if missing), but got dir=''; pass a folder "
+            "this process can write",
+        ),
+        (
+            lambda: as_shuffle("yes"),
+            TypeError,
+            "shuffle should be True, False or a lance_prefetch.options.Shuffle, but got "
+            "shuffle='yes'",
+        ),
+        (
+            lambda: as_dataset(3, name="source[2]"),
+            TypeError,
+            "source[2] should be a dataset URI (str or os.PathLike), a lance.LanceDataset or a "
+            "lance_prefetch.options.Dataset, but got int",
+        ),
+    ],
+)
+def test_each_group_checks_itself_when_built(make, error, message):
+    with pytest.raises(error) as info:
+        make()
+    assert str(info.value) == message
+
+
+def test_the_loader_checks_the_kind_of_each_group_before_any_io(tmp_path):
+    missing = tmp_path / "missing.lance"
+    with pytest.raises(TypeError, match=r"^read should be a lance_prefetch\.options\.ReadOptions"):
+        PrefetchLoader(missing, 4, read={"max_in_flight": 2})
+    with pytest.raises(TypeError, match=r"^shuffle should be True, False or a lance_prefetch"):
+        PrefetchLoader(missing, 4, shuffle=1)
+    with pytest.raises(TypeError, match=r"^audit should be True, False or a lance_prefetch"):
+        PrefetchLoader(missing, 4, audit="yes")
+    with pytest.raises(TypeError, match=re.escape("source should be a dataset URI")):
+        PrefetchLoader(3, 4)
+
+
+def test_the_shorthands_are_the_groups_defaults():
+    assert as_cache("memory") == MemoryCache() and as_cache("disk") == DiskCache()
+    assert as_cache(None) is None
+    assert as_audit(True) == Audit() and as_audit(False) is None
+    assert as_shuffle(True) == Shuffle() and as_shuffle(False) is None
+    assert as_dataset("a.lance") == Dataset("a.lance")
+    assert ReadOptions() == ReadOptions(
+        max_in_flight="auto",
+        coalesce="auto",
+        max_buffer_bytes=256 << 20,
+        io="auto",
+        retry=RetryPolicy(),
+        hedge="auto",
+    )
+    assert ReadOptions(hedge=None).hedge is None
+    assert ReadOptions(hedge=HedgePolicy()).hedge == HedgePolicy()
+
+
+def test_groups_are_frozen_and_normalised(tmp_path):
+    options = ReadOptions(max_in_flight=2)
+    with pytest.raises(AttributeError):
+        options.max_in_flight = 3  # type: ignore[misc]
+    assert DiskCache(dir=tmp_path).dir == str(tmp_path)  # a str, for pickling and messages
+    assert Dataset("a.lance", storage_options={"region": "x"}).storage_options == {"region": "x"}
+
+
+def test_a_shuffle_object_and_true_read_the_same_epochs(ids_1003):
+    plain = PrefetchLoader(ids_1003, 10, columns=["id"], seed=4)
+    grouped = PrefetchLoader(ids_1003, 10, columns=["id"], seed=4, shuffle=Shuffle())
+    lazy = PrefetchLoader(ids_1003, 10, columns=["id"], seed=4, shuffle=Shuffle("lazy"))
+    assert (plain.permutation, grouped.permutation, lazy.permutation) == ("array", "array", "lazy")
+    assert batch_ids(plain) == batch_ids(grouped)
+    rows = sum(batch_ids(lazy), [])
+    assert len(rows) == len(set(rows)) == 1000  # another order, the same guarantees
+    assert rows != sum(batch_ids(plain), [])
+
+
+def test_take_sizes_and_concurrency_are_bounded_by_readahead(ids_1003):
+    """max_in_flight and coalesce above an int readahead mean readahead: no pair of values is
+    refused, and the iteration never holds more than readahead batches."""
+    loader = PrefetchLoader(
+        ids_1003, 10, columns=["id"], readahead=2, read=ReadOptions(max_in_flight=8, coalesce=9)
+    )
+    assert loader.coalesce == 2
+    assert loader.config.max_in_flight == 2
+    iterator = iter(loader)
+    next(iterator)
+    stats = loader.stats()
+    assert (stats.readahead, stats.max_in_flight) == (2, 2)
+    assert len(batch_ids(iterator)) == 99
+
+
+def test_a_rank_given_alone_takes_the_detected_world_size(ids_1003, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    loader = PrefetchLoader(ids_1003, 10, columns=["id"], rank=3)
+    assert (loader.rank, loader.world_size, len(loader)) == (3, 4, 25)
+    sized = PrefetchLoader(ids_1003, 10, columns=["id"], world_size=2)
+    assert (sized.rank, sized.world_size, len(sized)) == (0, 2, 50)
+    with pytest.raises(ValueError) as info:
+        PrefetchLoader(ids_1003, 10, columns=["id"], world_size=1)  # RANK=0 is fine
+        PrefetchLoader(ids_1003, 10, columns=["id"], rank=4)
+    assert str(info.value) == (
+        "rank should be < world_size, but rank=4 and world_size=4 (rank given, world_size "
+        "detected from the process group or RANK/WORLD_SIZE); pass both rank= and world_size=, "
+        "or neither"
+    )
+
+
+def test_the_loader_shows_its_groups(ids_1003, tmp_path):
+    loader = PrefetchLoader(
+        ids_1003,
+        10,
+        read=ReadOptions(max_in_flight=2),
+        cache=DiskCache(dir=tmp_path),
+        audit=True,
+    )
+    assert loader.read == ReadOptions(max_in_flight=2)
+    assert loader.cache == DiskCache(dir=str(tmp_path))
+    assert loader.audit == Audit()
+    assert PrefetchLoader(ids_1003, 10).cache is None
+    assert PrefetchLoader(ids_1003, 10, cache="memory").cache == MemoryCache()
