@@ -239,7 +239,7 @@ def check_state(
         hint = (
             " (or pass allow_version_change=True to continue on another version)"
             if mismatches == ["version"]
-            else f" (PrefetchLoader(..., permutation={state['permutation']!r}))"
+            else f" (PrefetchLoader(..., shuffle={_shuffle_of(state['permutation'])}))"
             if mismatches == ["permutation"]
             else " (the same filter and split: the state's positions count their rows)"
             if set(mismatches) & set(_PART_OF)
@@ -440,3 +440,10 @@ def _check_audit(record: Any, end: int) -> None:
                 f"state['audit'] to audit the rest of the epoch only"
             )
         last = high
+
+
+def _shuffle_of(permutation: str) -> str:
+    """The ``shuffle`` argument that reads with a state's ``permutation``."""
+    if permutation == "identity":
+        return "False"
+    return f"Shuffle(permutation={permutation!r})"

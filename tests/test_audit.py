@@ -22,7 +22,6 @@ from lance_prefetch.audit._bitset import CoverageRecord
 from lance_prefetch.audit._coverage import Share, ShareCount, check, complete, expected_deliveries
 from lance_prefetch.audit._wiring import choose_exchange
 from lance_prefetch.loader import _iteration
-from lance_prefetch.loader._config import LoaderConfig
 from lance_prefetch.plan.sampling import EpochPlan
 
 # -- the record and the check, pure --------------------------------------------------------------
@@ -271,18 +270,17 @@ def test_misconfigurations_name_audit_dir_before_an_epoch_is_used(ids_1003, tmp_
     message = (
         "audit=True on rank 1 of 2 needs the ranks' records to meet, but no torch.distributed "
         "process group is initialized; initialize the process group (with these ranks) before "
-        "iterating, or pass audit_dir= a folder every rank can write"
+        "iterating, or pass audit=Audit(dir=...) with a folder every rank can write"
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         next(iter(loader))
     assert loader.epoch == 0 and loader.state_dict()["epoch"] == 0  # no epoch used up
-    config = LoaderConfig(batch_size=10, audit=True)
     with pytest.raises(
         ValueError,
-        match=r"^audit=True in DataLoader workers needs audit_dir=: each of the 2 workers",
+        match=r"^audit=True in DataLoader workers needs a folder: each of the 2 workers",
     ):
-        choose_exchange(config, Share(0, 1, 2), 1, in_worker=True)
-    assert choose_exchange(config, Share(0, 0, 1), 1, in_worker=True) == "local"
+        choose_exchange(None, Share(0, 1, 2), 1, in_worker=True)
+    assert choose_exchange(None, Share(0, 0, 1), 1, in_worker=True) == "local"
 
     broken = PrefetchLoader(ids_1003, 10, columns=["id"], audit=Audit(dir=tmp_path))
     for step, _ in enumerate(broken):

@@ -154,7 +154,7 @@ def test_two_ranks_resumed_through_audit_dir_name_a_lost_or_replayed_batch(
     with pytest.raises(CoverageError) as told:
         next(iter(resumed[0]))
     assert str(told.value) == (
-        f"coverage audit of this rank's iteration 2 over audit_dir, checked by rank 1: {error}"
+        f"coverage audit of this rank's iteration 2 over the audit's folder, checked by rank 1: {error}"
     )
     assert sorted(os.listdir(tmp_path)) == [
         "iteration2-report.json",
@@ -209,7 +209,7 @@ def test_ranks_that_read_differently_fail_on_every_rank(options, difference, ids
     assert isinstance(error, CoverageError) and str(error) == message
     saved = json.loads((tmp_path / "iteration1-report.json").read_text())
     assert saved == {"ok": False, "failure": message}
-    told = f"coverage audit of this rank's iteration 1 over audit_dir, checked by rank 1: {message}"
+    told = f"coverage audit of this rank's iteration 1 over the audit's folder, checked by rank 1: {message}"
     with pytest.raises(CoverageError, match=f"^{re.escape(told)}$"):
         next(iter(loaders[0]))
 

@@ -158,11 +158,10 @@ def test_the_first_epoch_is_read_while_the_disk_copy_is_made(ids_1003, tmp_path,
 
 @pytest.mark.parametrize("cache", CACHES)
 def test_a_cache_through_spawn_workers_and_two_ranks(ids_1003, tmp_path, cache):
-    options = {"cache_dir": tmp_path / "c"} if cache == "disk" else {}
+    if cache == "disk":
+        cache = DiskCache(dir=tmp_path / "c")
     for rank in (0, 1):
-        loader = PrefetchLoader(
-            ids_1003, 25, rank=rank, world_size=2, drop_last=False, cache=cache, **options
-        )
+        loader = PrefetchLoader(ids_1003, 25, rank=rank, world_size=2, drop_last=False, cache=cache)
         assert collect(loader, num_workers=2, epoch=3) == expected_rank_ids(loader, epoch=3)
 
 
@@ -175,7 +174,9 @@ def test_memory_cache_size_is_checked_before_any_read(ids_1003, monkeypatch):
         PrefetchLoader(ids_1003, 10, cache=MemoryCache(max_bytes=28_000))
     message = str(info.value)
     assert "need 28,084 bytes (0.0 MiB), above max_bytes=28000" in message
-    assert "raise cache_bytes, read fewer columns, or use cache='disk'" in message
+    assert message.endswith(
+        "pass cache=MemoryCache(max_bytes=...) with more, read fewer columns, or use cache='disk'"
+    )
     fits = PrefetchLoader(ids_1003, 10, cache=MemoryCache(max_bytes=28_084), columns=None)
     assert fits._source.cache_bytes == 28_084
     narrow = PrefetchLoader(ids_1003, 10, columns=["label"], cache=MemoryCache(max_bytes=8_024))
@@ -279,14 +280,9 @@ def test_caches_read_s3_datasets_by_scan(s3, s3_ids_503, tmp_path):
         Dataset(s3_ids_503, storage_options=options), 10, seed=2, drop_last=False
     )
     expected = epoch_values(plain, 0)
-    for cache, extra in (("memory", {}), ("disk", {"cache_dir": tmp_path / "c"})):
+    for cache in (MemoryCache(), DiskCache(dir=tmp_path / "c")):
         loader = PrefetchLoader(
-            Dataset(s3_ids_503, storage_options=options),
-            10,
-            seed=2,
-            drop_last=False,
-            cache=cache,
-            **extra,
+            Dataset(s3_ids_503, storage_options=options), 10, seed=2, drop_last=False, cache=cache
         )
         assert epoch_values(loader, 0) == expected
     assert isinstance(loader._source, _disk.DiskCache)
@@ -422,8 +418,9 @@ def test_a_dataset_read_failing_after_the_cache_filled_meanwhile_is_served_by_th
 ):
     """A take that began before the fill ended reads the dataset; the fill ends while it reads,
     then the dataset's files are gone (its take fails): the rows come from the cache."""
-    options = {"cache_dir": tmp_path / "c"} if cache == "disk" else {}
-    source = PrefetchLoader(ids_1003, 10, cache=cache, **options)._source
+    if cache == "disk":
+        cache = DiskCache(dir=tmp_path / "c")
+    source = PrefetchLoader(ids_1003, 10, cache=cache)._source
     original = LanceSource.take
 
     def take(self, indices):

@@ -340,7 +340,7 @@ def test_what_killed_fills_left_is_removed_by_the_next_fill_of_that_copy(ids_100
 
 _SLOW_FILL = """
 import sys, time
-from lance_prefetch import PrefetchLoader
+from lance_prefetch import DiskCache, PrefetchLoader
 from lance_prefetch.sources._lance import LanceSource
 
 scan = LanceSource.scan
@@ -351,8 +351,8 @@ def slow_scan(self, **options):  # 21 record batches, 0.5 s each: a copy of 10 s
         yield batch
 
 LanceSource.scan = slow_scan
-options = {"cache_dir": sys.argv[3]} if sys.argv[2] == "disk" else {}
-loader = PrefetchLoader(sys.argv[1], 50, cache=sys.argv[2], **options)
+cache = DiskCache(dir=sys.argv[3]) if sys.argv[2] == "disk" else sys.argv[2]
+loader = PrefetchLoader(sys.argv[1], 50, cache=cache)
 print(next(iter(loader))["id"].shape[0], flush=True)  # the fill runs behind; the script ends
 """
 

@@ -41,7 +41,7 @@ from support.helpers import (
 from support.writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
 from torch.utils.data import DataLoader
 
-from lance_prefetch import BatchLoadError, Dataset, PrefetchLoader, ReadOptions
+from lance_prefetch import BatchLoadError, Dataset, DiskCache, PrefetchLoader, ReadOptions
 from lance_prefetch.sources._lance import LanceSource, ShortReadError
 from lance_prefetch.sources._options import SourceOptions
 
@@ -538,8 +538,9 @@ def test_a_cache_filled_before_the_files_went_keeps_serving_the_pinned_version(
     check_rows(batches)
     assert collect(loader, epoch=1) == expected_rank_ids(loader, epoch=1)
 
-    elsewhere = {"cache_dir": str(tmp_path / "late")} if cache == "disk" else {}
-    late = PrefetchLoader(uri, 10, columns=["id"], cache=cache, **elsewhere)
+    if cache == "disk":
+        cache = DiskCache(dir=tmp_path / "late")
+    late = PrefetchLoader(uri, 10, columns=["id"], cache=cache)
     late._source.prepare()  # what iter() does
     with pytest.raises(OSError) as info:
         late._source.fill()

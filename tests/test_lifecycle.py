@@ -39,10 +39,12 @@ SCRIPT = textwrap.dedent(
     """
     import gc, sys, threading, time
     import numpy as np
-    from lance_prefetch import PrefetchLoader
+    from lance_prefetch import PrefetchLoader, ReadOptions
 
     # one take per batch: the take of batch 2 is the one held below
-    loader = PrefetchLoader(sys.argv[1], 512, readahead=8, max_in_flight=4, coalesce=1)
+    loader = PrefetchLoader(
+        sys.argv[1], 512, readahead=8, read=ReadOptions(max_in_flight=4, coalesce=1)
+    )
     mode = sys.argv[2]
     if mode == "break":
         for batch in loader:
@@ -80,7 +82,10 @@ SCRIPT = textwrap.dedent(
         if how == "timeout":  # a take running past 1 s is abandoned and tried again
             retry = RetryPolicy(attempts=3, timeout=1.0)
             loader = PrefetchLoader(
-                sys.argv[1], 512, readahead=8, max_in_flight=4, retry=retry, coalesce=1
+                sys.argv[1],
+                512,
+                readahead=8,
+                read=ReadOptions(max_in_flight=4, retry=retry, coalesce=1),
             )
         take = LanceSource.take
         slow = loader.epoch_plan().batch(2).indices.tolist()

@@ -351,7 +351,7 @@ def test_the_permutation_kind_is_checked_on_load(ids_1003):
     assert str(info.value).startswith(
         "state does not match this loader: permutation is 'lazy' in the state but 'array' in "
         "this loader. Build the loader with the state's values to resume (PrefetchLoader(..., "
-        "permutation='lazy'))"
+        "shuffle=Shuffle(permutation='lazy')))"
     )
     lazy_loader = PrefetchLoader(ids_1003, 10, columns=["id"], shuffle=Shuffle(permutation="lazy"))
     with pytest.raises(ValueError, match="permutation is 'array' in the state but 'lazy' in"):

@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from lance_prefetch import Dataset, ReadOptions
+from lance_prefetch import Dataset, DiskCache, MemoryCache, ReadOptions
 from lance_prefetch.convert import to_tensors
 from lance_prefetch_bench._map_contenders import LanceMap, LanceMapRows, MapStyle
 from lance_prefetch_bench._measure import measure_pass, peak_rss_mib, rss_mib
@@ -182,29 +182,30 @@ class _LancePrefetch:
         from lance_prefetch import PrefetchLoader
 
         spec = self.spec
-        cache: dict[str, Any] = {}
+        cache: MemoryCache | DiskCache | None = None
         if spec.cache == "memory":
-            cache = {"cache": "memory"}
+            cache = MemoryCache()
         elif spec.cache == "disk":
             self._cache_dir = tempfile.TemporaryDirectory(prefix="lance-bench-cache-")
-            cache = {"cache": "disk", "cache_dir": self._cache_dir.name}
-        tuning = {}
+            cache = DiskCache(dir=self._cache_dir.name)
+        hedge = None if spec.hedge == "none" else "auto"
+        readahead: int | str = "auto"
+        read = ReadOptions(hedge=hedge)
         if not spec.defaults:
-            tuning = {
-                "readahead": spec.readahead,
-                "max_in_flight": spec.max_in_flight,
-                "coalesce": spec.coalesce,
-            }
+            readahead = spec.readahead
+            read = ReadOptions(
+                max_in_flight=spec.max_in_flight, coalesce=spec.coalesce, hedge=hedge
+            )
         self.loader = PrefetchLoader(
             Dataset(spec.uri, version=spec.version, storage_options=spec.storage_options),
             spec.batch_size,
             columns=spec.columns,
             seed=spec.seed,
-            **tuning,
             rank=0,
             world_size=1,
-            **cache,
-            read=ReadOptions(hedge=None if spec.hedge == "none" else "auto"),
+            readahead=readahead,
+            read=read,
+            cache=cache,
         )
         if hasattr(self.loader, "_source"):  # the loader's own take calls, timed
             self.loader._source = _TimedSource(self.loader._source, self.latencies)

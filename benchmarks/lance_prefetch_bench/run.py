@@ -285,13 +285,18 @@ def _round_zero(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, di
 
 
 def _loader_defaults() -> dict[str, Any]:
-    """``PrefetchLoader``'s defaults of the settings the grid varies."""
+    """``PrefetchLoader``'s defaults of the settings the grid varies (``readahead``, and
+    ``max_in_flight`` and ``coalesce`` of its ``ReadOptions``)."""
     import inspect
 
-    from lance_prefetch import PrefetchLoader
+    from lance_prefetch import PrefetchLoader, ReadOptions
 
-    parameters = inspect.signature(PrefetchLoader).parameters
-    return {name: parameters[name].default for name in ("readahead", "max_in_flight", "coalesce")}
+    read = ReadOptions()
+    return {
+        "readahead": inspect.signature(PrefetchLoader).parameters["readahead"].default,
+        "max_in_flight": read.max_in_flight,
+        "coalesce": read.coalesce,
+    }
 
 
 def _prefetch_label(config: BenchConfig, settings: Mapping[str, Any]) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from lance_prefetch.sources._lance import RowSource
@@ -47,13 +48,13 @@ def loader_repr(loader: Any) -> str:
         f"columns={list(loader.columns)}, version={loader.version}, num_rows={loader.num_rows}, "
         f"seed={loader.seed}, epoch={loader.epoch}, readahead={loader.readahead!r}, "
         f"coalesce={loader.coalesce}, "
-        f"cache={loader.cache!r}, drop_last={loader.drop_last}, "
+        f"cache={_shown(loader.cache)}, drop_last={loader.drop_last}, "
         + ("shuffle=False, " if not loader.shuffle else "")
         + ("" if config.filter is None else f"filter={config.filter!r}, ")
         + ("" if config.split is None else f"split={config.split!r}, ")
         + (f"weights={list(weights)}, " if (weights := _weights(loader._source)) else "")
         + f"rank={loader.rank}, "
-        f"world_size={loader.world_size}, io={loader.io!r}, read={config.read!r}, "
+        f"world_size={loader.world_size}, io={loader.io!r}, read={_shown(config.read)}, "
         f"storage_options={loader._source.options_repr()})"
     )
 
@@ -77,6 +78,19 @@ def loader_identity(loader: Any) -> dict[str, Any]:
         "datasets": source.datasets() if several else None,
         "weights": _weights(source),
     }
+
+
+def _shown(group: Any) -> str:
+    """An option group as its constructor call with the fields that differ from the defaults
+    (``ReadOptions(max_in_flight=2)``); ``None`` as ``None``."""
+    if group is None:
+        return "None"
+    changed = [
+        f"{field.name}={getattr(group, field.name)!r}"
+        for field in dataclasses.fields(group)
+        if getattr(group, field.name) != field.default
+    ]
+    return f"{type(group).__name__}({', '.join(changed)})"
 
 
 def _weights(source: RowSource) -> list[float] | None:
