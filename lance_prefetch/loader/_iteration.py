@@ -203,7 +203,7 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         self._received: collections.deque[tuple[Any, float]] = collections.deque()
         self._feed = None if device is None else DeviceFeed(device, self._receive, self._count)
         super().__init__(prefetcher)
-        telemetry.attach(_counters_of(weakref.ref(self)))  # weak: the loader keeps telemetry
+        telemetry.attach(_statistics_of(weakref.ref(self)))  # weak: the loader keeps telemetry
 
     def __next__(self) -> Any:
         try:
@@ -428,25 +428,13 @@ def deliveries(batches: Iterator[PlannedBatch], plan: EpochPlan) -> Iterator[Pla
     return batches
 
 
-def _counters_of(
+def _statistics_of(
     iteration: weakref.ref[LoaderIterator],
-) -> Callable[[], tuple[int, ...] | None]:
-    """(queue depth, takes in flight, retries, readahead, max_in_flight, hedges, hedges won) of
-    a live iteration, for its telemetry."""
+) -> Callable[[], PrefetchStatistics | None]:
+    """The statistics of a live iteration (``None`` once it is gone), for its telemetry."""
 
-    def counters() -> tuple[int, ...] | None:
+    def statistics() -> PrefetchStatistics | None:
         live = iteration()
-        if live is None:
-            return None
-        statistics = live.statistics()
-        return (
-            statistics.ready,
-            statistics.in_flight,
-            statistics.retries,
-            statistics.readahead,
-            statistics.max_in_flight,
-            statistics.hedges,
-            statistics.hedges_won,
-        )
+        return None if live is None else live.statistics()
 
-    return counters
+    return statistics
