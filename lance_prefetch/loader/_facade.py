@@ -5,36 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from lance_prefetch.sources._lance import RowSource
+from lance_prefetch.sources._protocol import RowSource
+from lance_prefetch.sources._wrapped import SourceIdentity
 
 __all__ = ["SourceFacade", "loader_identity", "loader_repr"]
 
 
-class SourceFacade:
-    """The dataset's identity as properties, read from ``self._source`` (a
-    :class:`~lance_prefetch.sources._lance.RowSource`)."""
+class SourceFacade(SourceIdentity):
+    """The dataset's identity as properties (``uri``, ``version``, ``columns``, ``io``), read from
+    ``self._source`` (a :class:`~lance_prefetch.sources._protocol.RowSource`) as
+    :class:`~lance_prefetch.sources._wrapped.SourceIdentity` reads them."""
 
     _source: RowSource
-
-    @property
-    def uri(self) -> str:
-        """The dataset's URI."""
-        return self._source.uri
-
-    @property
-    def version(self) -> int:
-        """The pinned dataset version that every read uses."""
-        return self._source.version
-
-    @property
-    def io(self) -> str:
-        """The reader in use: ``"default"`` or ``"uring"`` (``"default"`` after a fallback)."""
-        return self._source.io
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """The columns each batch (or row) holds, in order."""
-        return self._source.columns
 
 
 def loader_repr(loader: Any) -> str:

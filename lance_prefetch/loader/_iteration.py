@@ -36,7 +36,7 @@ from lance_prefetch.schedule._direct import DirectPrefetcher
 from lance_prefetch.schedule._prefetcher import FetchError, Prefetcher, PrefetchStatistics
 from lance_prefetch.schedule._tuning import DepthTuner
 from lance_prefetch.schedule.retry import RetryPolicy
-from lance_prefetch.sources._lance import RowSource
+from lance_prefetch.sources._protocol import RowSource
 from lance_prefetch.sources._storage import redact_uri
 
 __all__ = ["BatchReader", "LazyIteration", "LoaderIterator", "deliveries", "start_iteration"]

@@ -31,14 +31,15 @@ import pyarrow as pa
 from lance_prefetch.plan._mixture import dataset_seed, epoch_length, mixture_counts
 from lance_prefetch.plan.permutation import Permutation, make_permutation
 from lance_prefetch.plan.sampling import TooFewRowsError
-from lance_prefetch.sources._lance import RowSource
+from lance_prefetch.sources._protocol import RowSource
 from lance_prefetch.sources._subset import subset_of
+from lance_prefetch.sources._wrapped import check_range
 
 __all__ = ["ConcatSource", "MixtureSource", "epoch_view", "naming_rows"]
 
 
 class ConcatSource:
-    """A :class:`~lance_prefetch.sources._lance.RowSource` of the rows of ``sources`` one after the
+    """A :class:`~lance_prefetch.sources._protocol.RowSource` of the rows of ``sources`` one after the
     other: position ``p`` is dataset ``i``'s position ``p - starts[i]``.
 
     Args:
@@ -123,11 +124,7 @@ class ConcatSource:
 
     def check_offsets(self, indices: np.ndarray) -> None:
         """Refuse positions outside ``[0, num_rows)`` before any read (``IndexError``)."""
-        if len(indices) and (int(np.min(indices)) < 0 or int(np.max(indices)) >= self.num_rows):
-            raise IndexError(
-                f"row positions must be in [0, {self.num_rows}) (the rows of {self.uri!r}), but "
-                f"got min {int(np.min(indices))}, max {int(np.max(indices))}"
-            )
+        check_range(indices, self.num_rows, what="row positions", of=f"(the rows of {self.uri!r})")
 
     def check_process(self) -> None:
         """Each dataset's check."""
