@@ -33,7 +33,7 @@ from lance_prefetch.plan.permutation import Permutation, make_permutation
 from lance_prefetch.plan.sampling import TooFewRowsError
 from lance_prefetch.sources._protocol import RowSource
 from lance_prefetch.sources._subset import subset_of
-from lance_prefetch.sources._wrapped import check_range
+from lance_prefetch.sources._wrapped import WrappedSource, check_range
 
 __all__ = ["ConcatSource", "MixtureSource", "epoch_view", "naming_rows"]
 
@@ -209,16 +209,20 @@ class MixtureSource(ConcatSource):
         return rows
 
 
-class _EpochMixture:
-    """A :class:`MixtureSource` bound to one epoch: a RowSource whose ``take`` reads that
-    epoch's rows (every other member is the mixture's)."""
+class _EpochMixture(WrappedSource):
+    """A :class:`MixtureSource` bound to one epoch: a RowSource whose ``take`` and
+    ``cached_rows`` read that epoch's rows; every other member is the mixture's, forwarded as
+    :class:`~lance_prefetch.sources._wrapped.WrappedSource` does (``num_rows`` is an epoch's
+    ``L`` positions, ``check_offsets`` refuses positions outside them).
+
+    Args:
+        mixture (MixtureSource): the mixture. epoch (int): the epoch read.
+    """
 
     def __init__(self, mixture: MixtureSource, epoch: int) -> None:
+        super().__init__(mixture)
         self.mixture, self.epoch = mixture, epoch
         self._samples = mixture.samples(epoch)  # one per dataset, for the whole iteration
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.mixture, name)
 
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows of the epoch's positions ``indices``, in that order."""
