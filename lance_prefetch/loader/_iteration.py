@@ -69,8 +69,8 @@ class BatchReader:
         placement = Placement() if placement is None else placement
         self._source, self._epoch, self._transform = source, epoch, transform
         self._retry, self._telemetry, self._placement = retry, telemetry, placement
-        #: a memory cache's ``gather`` (rows already as tensors once it is filled), else None
-        self._gather = getattr(source, "gather", None)
+        #: whether a cache serves some rows (a take's hits are counted then; without one, never)
+        self._cache = source.cached is not None
         self._stopped = threading.Event()  # the iteration closed: convert nothing more
 
     def stop(self) -> None:
@@ -81,12 +81,15 @@ class BatchReader:
     def read(self, group: Group) -> Any:
         """The rows of a group of batches, read with one ``take`` (in a worker thread; retried
         by the prefetcher)."""
-        source = self._source
-        cached = source.cached_rows(group.indices)  # what a cache serves (before the take)
+        source, indices = self._source, group.indices
+        # what a cache serves (before the take); all once it is filled (it stays filled)
+        cached = None
+        if self._cache:
+            cached = len(indices) if source.cached else source.cached_rows(indices)
         started = time.perf_counter()
-        table = self._gather(group.indices) if self._gather is not None else None
-        if table is None:  # not a filled memory cache: Arrow rows
-            table = source.take(group.indices)
+        table = source.gather(indices)  # rows already as tensors: a filled memory cache
+        if table is None:  # Arrow rows
+            table = source.take(indices)
         self._telemetry.record_take(
             time.perf_counter() - started, table.nbytes, rows=table.num_rows, cached_rows=cached
         )
@@ -384,7 +387,7 @@ def start_iteration(
         telemetry=telemetry,
         placement=config.placement,
     )
-    if config.transform is None and getattr(source, "ready", False):  # a filled memory cache
+    if config.transform is None and source.ready:  # a filled memory cache
         tuner = None  # nothing is read ahead: no depth to tune
         prefetcher: Any = DirectPrefetcher(
             groups(batches, resolved.coalesce),

@@ -223,6 +223,15 @@ class LanceSource:
         """``None``: no cache (see :class:`RowSource`)."""
         return None
 
+    @property
+    def ready(self) -> bool:
+        """``False``: rows are read by :meth:`take` (see :class:`RowSource`)."""
+        return False
+
+    def gather(self, indices: np.ndarray) -> None:
+        """``None``: rows are read by :meth:`take` (see :class:`RowSource`)."""
+        return None
+
     def prepare(self) -> None:
         """Nothing to prepare (see :class:`RowSource`)."""
 

@@ -87,6 +87,16 @@ class ConcatSource:
         _, parts = self._split(indices)
         return sum(self.sources[i].cached_rows(rows) or 0 for i, rows in parts)
 
+    @property
+    def ready(self) -> bool:
+        """``False``: rows are read by :meth:`take`, one per dataset (its memory cache gathers
+        for a loader of that dataset alone)."""
+        return False
+
+    def gather(self, indices: np.ndarray) -> None:
+        """``None``: rows are read by :meth:`take`."""
+        return None
+
     def datasets(self) -> list[dict[str, Any]]:
         """Each dataset's ``{"uri", "version", "num_rows"}``, in order (what a state records)."""
         return [{"uri": s.uri, "version": s.version, "num_rows": s.num_rows} for s in self.sources]

@@ -4,7 +4,7 @@ another (:mod:`lance_prefetch.sources._wrapped`) implement."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +50,21 @@ class RowSource(Protocol):
     def cached_rows(self, indices: np.ndarray) -> int | None:
         """How many of the rows at ``indices`` a cache would serve now in this process, without
         reading the dataset (``None``: no cache)."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether :meth:`gather` serves every row already, as tensors, in microseconds (a
+        filled memory cache, :mod:`lance_prefetch.cache._memory`): an iteration without a
+        ``transform`` then reads in the training thread and nothing ahead
+        (:class:`~lance_prefetch.schedule._direct.DirectPrefetcher`). ``False`` for every other
+        source."""
+
+    def gather(self, indices: np.ndarray) -> Any:
+        """The rows at ``indices`` already converted to tensors (a
+        :class:`~lance_prefetch.cache._gathered.Gathered`, as
+        :func:`~lance_prefetch.convert._arrow.to_tensors` would convert :meth:`take`'s table),
+        or ``None``: read them with :meth:`take` then. Only a memory cache whose fill ended
+        gathers; every other source returns ``None`` at once."""
 
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at ``indices`` (offsets), in that order (see :meth:`~lance_prefetch.sources._lance.LanceSource.take`)."""

@@ -99,6 +99,16 @@ class WrappedSource(SourceIdentity):
         """As the wrapped source's."""
         return self._source.cached_rows(indices)
 
+    @property
+    def ready(self) -> bool:
+        """``False``: rows are read by :meth:`take`. Not forwarded: a wrapper's rows are not
+        its inner source's at the same indices (only a memory cache, which wraps, gathers)."""
+        return False
+
+    def gather(self, indices: np.ndarray) -> None:
+        """``None``: rows are read by :meth:`take` (see :attr:`ready`)."""
+        return None
+
     def take(self, indices: np.ndarray) -> pa.Table:
         """The wrapped source's rows at ``indices``."""
         return self._source.take(indices)
