@@ -14,6 +14,7 @@ with: unwinding it stops what it started).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import logging
@@ -54,7 +55,8 @@ class DrainedPrefetcher(Iterator[R]):
             hook), from the thread that closes; it must hold no reference to the owner (it
             would keep the owner alive). Default: ``None``.
 
-    A subclass calls :meth:`_started` once its reads can begin.
+    A subclass implements the abstract methods and calls :meth:`_started` once its reads can
+    begin.
     """
 
     def __init__(self, *, close_wait_s: float, on_close: Callable[[], None] | None) -> None:
@@ -105,29 +107,29 @@ class DrainedPrefetcher(Iterator[R]):
             self.close(wait=False)
             raise
 
+    @abc.abstractmethod
     def _get(self, release: bool) -> R:
         """The next item (``StopIteration`` at the end of the plan)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def release(self, units: int) -> None:
         """Give back ``units`` readahead tokens of a received item."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def resize(self, readahead: int, max_in_flight: int) -> None:
         """Change the readahead and in-flight bounds."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def statistics(self) -> PrefetchStatistics:
         """A :class:`~lance_prefetch.schedule._prefetcher.PrefetchStatistics` snapshot."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _stop_fetching(self) -> None:
         """Start no read from now on."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _threads(self) -> list[threading.Thread]:
         """The threads the reads run in."""
-        raise NotImplementedError
 
     @property
     def closed(self) -> bool:
