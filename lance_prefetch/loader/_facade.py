@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lance_prefetch.sources._multi import ConcatSource
 from lance_prefetch.sources._protocol import RowSource
 from lance_prefetch.sources._wrapped import SourceIdentity
 
@@ -44,7 +45,7 @@ def loader_identity(loader: Any) -> dict[str, Any]:
     datasets, ``uri`` and ``version`` are the first one's and ``datasets`` lists them all."""
     config, source = loader.config, loader._source
     split = config.split
-    several = hasattr(source, "datasets")  # a ConcatSource or MixtureSource
+    several = isinstance(source, ConcatSource)  # a MixtureSource too
     return {
         "uri": source.sources[0].uri if several else loader.uri,
         "version": source.sources[0].version if several else loader.version,
