@@ -28,11 +28,13 @@ import pyarrow as pa
 
 from lance_prefetch import PrefetchLoader, ReadOptions
 from lance_prefetch.loader import _telemetry as telemetry_module
+from lance_prefetch.schedule._prefetcher import PrefetchStatistics
 
 
 def per_call() -> dict[str, float]:
     telemetry = telemetry_module.Telemetry(0)
-    telemetry.attach(lambda: (0, 0, 0))
+    nothing = PrefetchStatistics(held=0, in_flight=0, received=0)
+    telemetry.attach(lambda: nothing)
     clock = time.perf_counter
 
     def batch() -> None:

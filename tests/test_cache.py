@@ -29,6 +29,7 @@ from lance_prefetch.cache import _disk
 from lance_prefetch.convert._arrow import fixed_row_bytes
 from lance_prefetch.options import as_cache
 from lance_prefetch.sources._lance import LanceSource
+from lance_prefetch.sources._protocol import RowSource
 
 CACHES = ["memory", "disk"]
 
@@ -434,3 +435,35 @@ def test_a_dataset_read_failing_after_the_cache_filled_meanwhile_is_served_by_th
     uncached = PrefetchLoader(ids_1003, 10)._source
     with pytest.raises(FileNotFoundError, match="files are gone"):
         uncached.take(np.array([5]))  # no cache: the error as it is
+
+
+def test_every_source_implements_the_row_source_protocol_and_only_a_filled_memory_cache_gathers(
+    ids_1003, tmp_path
+):
+    """Each source a loader builds (plain, filtered, cached, filtered and cached, a list, a
+    mixture's epoch) has every RowSource member; ``ready``/``gather`` say "read by take" for
+    all but a memory cache whose fill ended, which gathers exactly the rows ``take`` reads."""
+    members = [name for name in vars(RowSource) if not name.startswith("_")]
+    assert {"ready", "gather", "take", "cached_rows", "uri"} <= set(members)
+    disk = {"cache": "disk", "cache_dir": tmp_path / "c"}
+    loaders = [
+        PrefetchLoader(ids_1003, 10),
+        PrefetchLoader(ids_1003, 10, filter="label < 3"),
+        PrefetchLoader(ids_1003, 10, **disk),
+        PrefetchLoader(ids_1003, 10, filter="label < 3", **disk),
+        PrefetchLoader(ids_1003, 10, filter="label < 3", cache="memory"),
+        PrefetchLoader([ids_1003, ids_1003], 10),
+    ]
+    sources = [loader._source for loader in loaders]
+    sources.append(PrefetchLoader([ids_1003, ids_1003], 10, weights=[1, 1])._source.for_epoch(0))
+    indices = np.array([4, 0, 4])
+    for source in sources:
+        assert [name for name in members if not hasattr(source, name)] == [], source
+        assert (source.ready, source.gather(indices)) == (False, None), source
+    memory = loaders[-2]._source
+    memory.fill()
+    gathered = memory.gather(indices)
+    assert memory.ready and gathered.num_rows == 3
+    assert (
+        gathered.values["id"].tolist() == memory.take(indices)["id"].to_pylist() == [11, 0, 11]
+    )  # positions of label < 3

@@ -232,7 +232,9 @@ def test_a_group_converts_as_its_batches_one_by_one_would(extra):
         for position, (start, stop) in enumerate([(0, 4), (4, 8), (8, 10)])
     )
     group = Group(batches=batches, indices=offsets)
-    reader = BatchReader(SimpleNamespace(), epoch=0, transform=None, retry=None, telemetry=None)
+    reader = BatchReader(
+        SimpleNamespace(cached=None), epoch=0, transform=None, retry=None, telemetry=None
+    )
     results = reader.convert(group, table)
     assert [indices.tolist() for indices, _ in results] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     for (_, got), (start, stop) in zip(results, [(0, 4), (4, 8), (8, 10)], strict=True):

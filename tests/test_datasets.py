@@ -281,6 +281,25 @@ def test_the_rows_a_cache_holds_are_counted_per_dataset_of_a_concatenation_and_a
     assert disk._source.cached_rows(np.arange(15)) == 15
 
 
+def test_a_mixture_epoch_is_a_row_source_of_its_own_positions(tmp_path):
+    """A mixture bound to an epoch forwards the RowSource members to the mixture (its identity,
+    its L positions, their bounds check) and nothing else: no attribute falls through."""
+    first = write_shifted(tmp_path / "a.lance", 50, LOCAL)
+    second = write_shifted(tmp_path / "b.lance", 30, 0)
+    mixture = PrefetchLoader([first, second], 4, weights=[1, 3])._source
+    view = _multi.epoch_view(mixture, 2)
+    assert (view.uri, view.version, view.columns) == (mixture.uri, mixture.version, mixture.columns)
+    assert (view.schema, view.io, view.cached) == (mixture.schema, mixture.io, None)
+    assert view.num_rows == mixture.length == 40  # min(50 / 0.25, 30 / 0.75)
+    assert view.options_repr() == [None, None]
+    assert view.cached_rows(np.arange(4)) is None
+    with pytest.raises(
+        IndexError, match=r"^row positions must be in \[0, 40\) .* got min 0, max 40$"
+    ):
+        view.take(np.array([0, 40]))
+    assert not hasattr(view, "weights") and not hasattr(view, "datasets")
+
+
 @pytest.mark.timeout(60)
 def test_two_dataloader_workers_read_the_concatenation_and_a_mixture_as_planned(tmp_path):
     """One DataLoader (2 forkserver workers) over the concatenation, then a mixture of the same

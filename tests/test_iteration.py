@@ -4,38 +4,57 @@ failures named for the training loop."""
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import numpy as np
 import pytest
 from support.fakes import FakeSource
 
 from lance_prefetch import BatchLoadError
+from lance_prefetch.lifecycle import _shutdown
 from lance_prefetch.loader._iteration import BatchReader, LoaderIterator
 from lance_prefetch.loader._telemetry import Telemetry
 from lance_prefetch.plan._coalesce import groups
 from lance_prefetch.plan._positions import Decision, DeliveryCounter
 from lance_prefetch.plan.sampling import EpochPlan
+from lance_prefetch.schedule._blocking import BlockingPrefetcher
+from lance_prefetch.schedule._direct import DirectPrefetcher
 from lance_prefetch.schedule._prefetcher import Prefetcher
 from lance_prefetch.schedule.retry import RetryPolicy
 
 
-def iterate(source, plan, *, coalesce=3, transform=None, retry=None, rank=0):
-    """An iteration of ``plan`` for ``rank``, as ``PrefetchLoader.__iter__`` wires it."""
+def iterate(source, plan, *, coalesce=3, transform=None, retry=None, rank=0, direct=False):
+    """An iteration of ``plan`` for ``rank``, as ``PrefetchLoader.__iter__`` wires it (``direct``:
+    read in ``next()``, as for a filled memory cache)."""
     telemetry = Telemetry(plan.epoch)
     counter = DeliveryCounter(1, Decision(plan.epoch, plan.start), world_size=plan.world_size)
     reader = BatchReader(
         source, epoch=plan.epoch, transform=transform, retry=retry, telemetry=telemetry
     )
-    prefetcher = Prefetcher(
-        groups(plan.rank_batches(rank), coalesce),
-        reader.read,
-        process=reader.convert,
-        readahead=6,
-        max_in_flight=2,
-        retry=retry,
-        size=len,
-    )
+    items = groups(plan.rank_batches(rank), coalesce)
+    if direct:
+        start = functools.partial(
+            DirectPrefetcher,
+            items,
+            reader.read,
+            process=reader.convert,
+            readahead=6,
+            max_in_flight=2,
+        )
+    else:
+        prefetcher = Prefetcher(
+            items,
+            reader.read,
+            process=reader.convert,
+            readahead=6,
+            max_in_flight=2,
+            retry=retry,
+            size=len,
+        )
+        start = functools.partial(BlockingPrefetcher, prefetcher)
     iterator = LoaderIterator(
-        prefetcher,
+        start,
         reader=reader,
         counter=counter,
         telemetry=telemetry,
@@ -126,3 +145,24 @@ def test_a_rank_reads_only_its_own_batches():
     assert ids == [plan.batch(p).indices.tolist() for p in range(1, 18, 3)]
     assert sorted(np.concatenate(source.takes).tolist()) == sorted(sum(ids, []))
     assert counter.position == 18  # after global batch 16, rank 1's last: the round 15-17 ends
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["blocking", "direct"])
+def test_an_iteration_dropped_mid_share_is_closed_as_close_closes_it(direct):
+    """Garbage collection of an iteration closes the prefetcher it holds, and that close does what
+    LoaderIterator.close() does: the telemetry ends (elapsed time stops), nothing stays live for
+    the exit hook. The end of the share closes it the same way."""
+    plan = EpochPlan(num_rows=100, batch_size=10, seed=3)
+    iterator, counter, telemetry = iterate(FakeSource(100), plan, direct=direct)
+    assert next(iterator)["id"].tolist() == plan.batch(0).indices.tolist()
+    prefetcher = weakref.ref(iterator._prefetcher)
+    assert prefetcher() in set(_shutdown._live) and telemetry.ended is None
+    del iterator
+    assert prefetcher() is None and telemetry.ended is not None
+    assert telemetry.snapshot().batches == 1 and counter.delivered == 1
+
+    iterator, counter, telemetry = iterate(FakeSource(100), plan, direct=direct)
+    assert len(list(iterator)) == 10 and iterator.closed and counter.finished
+    assert telemetry.ended is not None and iterator._prefetcher not in set(_shutdown._live)
+    # the event loop's counts readahead units (batches), the direct one the groups it read
+    assert iterator.statistics().received == (4 if direct else 10)

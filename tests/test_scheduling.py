@@ -197,7 +197,7 @@ def test_a_close_from_another_thread_is_not_the_end_of_the_plan():
     iterator does not count as exhausted (its plan had 99 items left): a checkpoint must not save
     the share as finished."""
     iterator = BlockingPrefetcher(Prefetcher(range(100), FakeFetch(), readahead=1, max_in_flight=1))
-    assert iterator._next(release=False) == 0  # its token held: the producer waits for it
+    assert iterator.get(release=False) == 0  # its token held: the producer waits for it
     threading.Timer(0.2, iterator.close).start()
     with pytest.raises(StopIteration):
         next(iterator)

@@ -14,6 +14,7 @@ from support.helpers import expected_rank_ids
 
 from lance_prefetch import LoaderStats, PrefetchLoader, ReadOptions
 from lance_prefetch.loader._telemetry import LATENCIES, Telemetry
+from lance_prefetch.schedule._prefetcher import PrefetchStatistics
 
 
 class Clock:
@@ -27,7 +28,18 @@ class Clock:
 def test_rates_over_the_window_and_in_total_on_a_fake_clock():
     clock = Clock()
     telemetry = Telemetry(3, window_s=10.0, clock=clock)
-    telemetry.attach(lambda: (2, 1, 5, 8, 4, 3, 1))
+    running = PrefetchStatistics(
+        held=3,
+        in_flight=1,
+        received=7,
+        retries=5,
+        ready=2,
+        readahead=8,
+        max_in_flight=4,
+        hedges=3,
+        hedges_won=1,
+    )
+    telemetry.attach(lambda: running)
     # 20 s: one 100-row batch a second, each after waiting 0.25 s; each take 1 MiB in 40 ms
     for _ in range(20):
         clock.now += 1.0
@@ -95,8 +107,21 @@ def test_latency_percentiles_cover_the_latest_takes():
 
 def test_a_gone_iteration_reports_nothing_queued():
     telemetry = Telemetry(0, clock=Clock())
-    telemetry.attach(lambda: (1, 2, 3, 8, 4, 2, 0))
-    assert telemetry.snapshot().retries == 3
+    running = PrefetchStatistics(
+        held=3,
+        in_flight=2,
+        received=5,
+        retries=3,
+        ready=1,
+        readahead=8,
+        max_in_flight=4,
+        hedges=2,
+        hedges_won=0,
+    )
+    telemetry.attach(lambda: running)
+    stats = telemetry.snapshot()
+    assert (stats.queue_depth, stats.in_flight, stats.retries) == (1, 2, 3)
+    assert (stats.readahead, stats.max_in_flight, stats.hedges) == (8, 4, 2)
     telemetry.attach(lambda: None)  # the iteration was garbage collected
     stats = telemetry.snapshot()
     assert (stats.queue_depth, stats.in_flight, stats.retries) == (0, 0, 3)

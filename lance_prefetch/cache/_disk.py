@@ -104,7 +104,7 @@ class DiskCache(FillingCache):
     """
 
     def __init__(self, source: LanceSource, cache_dir: str | os.PathLike[str]) -> None:
-        self.source = source
+        super().__init__(source)
         self.cache_dir = Path(cache_dir).expanduser()
         key = json.dumps([source.uri, source.version, source.committed, list(source.columns)])
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -116,7 +116,7 @@ class DiskCache(FillingCache):
         """No copy opened in this process yet, and a fill not started (also in a copy)."""
         self._lock = threading.Lock()
         self._local: LanceSource | None = None
-        self._filling = BackgroundFill(self._open_copy, f"cache='disk' of {self.source.uri!r}")
+        self._filling = BackgroundFill(self._open_copy, f"cache='disk' of {self._source.uri!r}")
 
     def prepare(self) -> None:
         """Start making (or finding and opening) the copy in the background, unless this process
@@ -166,13 +166,13 @@ class DiskCache(FillingCache):
         Raises:
             ValueError: it does not hold ``num_rows`` rows (delete it).
         """
-        options = SourceOptions(io="auto", columns=self.source.columns)  # a local copy
+        options = SourceOptions(io="auto", columns=self._source.columns)  # a local copy
         local = LanceSource(os.fspath(self.path), options)
-        if local.num_rows != self.source.num_rows:
+        if local.num_rows != self._source.num_rows:
             raise ValueError(
                 f"the disk cache {str(self.path)!r} holds {local.num_rows} rows, but "
-                f"{self.source.uri!r} version {self.source.version} has "
-                f"{self.source.num_rows}; delete the copy to rebuild it"
+                f"{self._source.uri!r} version {self._source.version} has "
+                f"{self._source.num_rows}; delete the copy to rebuild it"
             )
         return local
 
@@ -193,8 +193,8 @@ class DiskCache(FillingCache):
                     if problem is None:  # made (or made again) by another process
                         return
                     warnings.warn(
-                        f"cache='disk': the copy {str(self.path)!r} of {self.source.uri!r} "
-                        f"version {self.source.version} is damaged: {problem}; filling it again",
+                        f"cache='disk': the copy {str(self.path)!r} of {self._source.uri!r} "
+                        f"version {self._source.version} is damaged: {problem}; filling it again",
                         RuntimeWarning,
                         stacklevel=5,
                     )
@@ -209,7 +209,7 @@ class DiskCache(FillingCache):
         return type(exc)(
             exc.errno,
             f"DiskCache: dir={str(self.cache_dir)!r} cannot hold the copy of "
-            f"{self.source.uri!r} ({type(exc).__name__}: {exc.strerror or exc}); pass "
+            f"{self._source.uri!r} ({type(exc).__name__}: {exc.strerror or exc}); pass "
             f"cache=DiskCache(dir=...) with a folder this process can write, or set "
             f"$LANCE_PREFETCH_CACHE_DIR",
         )
@@ -227,7 +227,7 @@ class DiskCache(FillingCache):
                 raise self._unwritable(exc) from exc
             target = Path(partial, "copy.lance")
             try:
-                self.source.copy_to(os.fspath(target), stopping=stopping)
+                self._source.copy_to(os.fspath(target), stopping=stopping)
             except Exception:
                 if stopping is not None and stopping.is_set():
                     raise FillStopped from None  # stopped (what Lance made of it aside)
@@ -239,14 +239,14 @@ class DiskCache(FillingCache):
                 raise
             if partial is not None:  # removed before the free space is measured
                 shutil.rmtree(partial, ignore_errors=True)
-            raise _disk_full(self.cache_dir, self.source) from exc
+            raise _disk_full(self.cache_dir, self._source) from exc
         finally:
             if partial is not None:
                 shutil.rmtree(partial, ignore_errors=True)
 
     def _about(self) -> dict[str, Any]:
         """What the copy holds, as its record says it."""
-        source = self.source
+        source = self._source
         return {
             "uri": source.uri,
             "version": source.version,
@@ -276,14 +276,14 @@ class DiskCache(FillingCache):
             OSError, ValueError, Exception: the fill failed (its error, as :meth:`fill` says;
                 every read until the next :meth:`prepare` raises it too).
         """
-        self.source.check_offsets(indices)
+        self._source.check_offsets(indices)
         local = self._local
         if local is None:
             error = self._filling.error
             if error is not None:
                 raise error
             try:
-                return self.source.take(indices)
+                return self._source.take(indices)
             except Exception:
                 local = self._local  # opened while the dataset was read (its files may be gone)
                 if local is None:
@@ -292,14 +292,14 @@ class DiskCache(FillingCache):
             return local.take(indices)
         except Exception as exc:
             raise CopyReadError(
-                f"the disk cache {str(self.path)!r} (the copy of {self.source.uri!r} version "
-                f"{self.source.version}) could not be read: {type(exc).__name__}: {exc}; it may "
+                f"the disk cache {str(self.path)!r} (the copy of {self._source.uri!r} version "
+                f"{self._source.version}) could not be read: {type(exc).__name__}: {exc}; it may "
                 f"be damaged: delete it (the next run fills it again), or use cache='memory' "
                 f"or cache=None"
             ) from exc
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"source": self.source, "cache_dir": self.cache_dir, "path": self.path}
+        return {"_source": self._source, "cache_dir": self.cache_dir, "path": self.path}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -18,10 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
 from lance_prefetch.lifecycle import _shutdown
+from lance_prefetch.sources._wrapped import WrappedSource
 
 __all__ = ["BackgroundFill", "FillStopped", "FillingCache", "THREAD_NAME"]
 
@@ -126,36 +124,14 @@ class BackgroundFill:
         return f"BackgroundFill({self._what}, {state})"
 
 
-class FillingCache:
+class FillingCache(WrappedSource):
     """What both caches share: the wrapped source's identity, its process and offset checks (the
-    :class:`~lance_prefetch.sources._lance.RowSource` members that do not read), and the background
+    :class:`~lance_prefetch.sources._protocol.RowSource` members that do not read, as
+    :class:`~lance_prefetch.sources._wrapped.WrappedSource` forwards them), and the background
     fill ``_filling`` that :meth:`prepare` starts."""
 
-    source: Any  # a LanceSource, or a SubsetSource under a memory cache
+    _source: Any  # a LanceSource, or a SubsetSource under a memory cache
     _filling: BackgroundFill
-
-    uri = property(lambda self: self.source.uri, doc="The dataset's URI.")
-    version = property(lambda self: self.source.version, doc="The pinned version.")
-    num_rows = property(lambda self: self.source.num_rows, doc="Live rows of the version.")
-    columns = property(lambda self: self.source.columns, doc="The projection.")
-    io = property(lambda self: self.source.io, doc="The wrapped source's reader.")
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The projected schema."""
-        return self.source.schema
-
-    def check_offsets(self, indices: np.ndarray) -> None:
-        """As :meth:`LanceSource.check_offsets`."""
-        self.source.check_offsets(indices)
-
-    def check_process(self) -> None:
-        """As :meth:`LanceSource.check_process`."""
-        self.source.check_process()
-
-    def options_repr(self) -> dict[str, str] | None:
-        """As :meth:`LanceSource.options_repr`."""
-        return self.source.options_repr()
 
     def prepare(self) -> None:
         """Start the fill in the background in this process, unless it started, or start it

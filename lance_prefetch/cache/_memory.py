@@ -45,7 +45,7 @@ class MemoryCache(FillingCache):
     """
 
     def __init__(self, source: LanceSource, cache_bytes: int) -> None:
-        self.source = source
+        super().__init__(source)
         self.cache_bytes = cache_bytes
         row_bytes = fixed_row_bytes(source.schema)
         if row_bytes is not None and row_bytes * source.num_rows > self.cache_bytes:
@@ -59,7 +59,7 @@ class MemoryCache(FillingCache):
         self._landed = 0
         self._table: pa.Table | None = None
         self._dense: dict[str, torch.Tensor] = {}
-        self._filling = BackgroundFill(self._fill, f"cache='memory' of {self.source.uri!r}")
+        self._filling = BackgroundFill(self._fill, f"cache='memory' of {self._source.uri!r}")
 
     def fill(self) -> pa.Table:
         """The cached rows, once the fill ended (started here if needed; other callers wait).
@@ -85,19 +85,19 @@ class MemoryCache(FillingCache):
         with self._lock:  # a fill restarted in a forked copy begins again
             self._batches, self._ends, self._landed = [], self._ends[:0], 0
         size = 0
-        for batch in self.source.scan():
+        for batch in self._source.scan():
             if stopping.is_set():
                 raise FillStopped
             size += batch.nbytes
             if size > self.cache_bytes:
                 with self._lock:
                     self._batches, self._ends, self._landed = [], self._ends[:0], 0
-                raise MemoryError(too_big(self.source, None, self.cache_bytes))
+                raise MemoryError(too_big(self._source, None, self.cache_bytes))
             with self._lock:  # readers see whole record batches only
                 self._batches.append(batch)
                 self._ends = np.append(self._ends, self._landed + batch.num_rows)
                 self._landed += batch.num_rows
-        table = pa.Table.from_batches(self._batches, schema=self.source.schema)
+        table = pa.Table.from_batches(self._batches, schema=self._source.schema)
         table = table.combine_chunks()  # one chunk a column: takes index it directly
         dense = dense_columns(table)
         with self._lock:
@@ -143,7 +143,7 @@ class MemoryCache(FillingCache):
         Raises:
             MemoryError, Exception: the fill failed (its error; every later read raises it too).
         """
-        self.source.check_offsets(indices)
+        self._source.check_offsets(indices)
         table = self._table
         if table is not None:
             return table.take(pa.array(indices))
@@ -165,9 +165,9 @@ class MemoryCache(FillingCache):
         landed = int(ends[-1]) if len(ends) else 0
         here = indices < landed
         if not here.any():
-            return self.source.take(indices)
-        read = self.source.take(indices[~here]) if not here.all() else None
-        held = _take_landed(batches, ends, indices[here], self.source.schema)
+            return self._source.take(indices)
+        read = self._source.take(indices[~here]) if not here.all() else None
+        held = _take_landed(batches, ends, indices[here], self._source.schema)
         if read is None:
             return held
         # the rows back in the batch's order: held ones first, then read ones, reordered
@@ -184,7 +184,7 @@ class MemoryCache(FillingCache):
         table = self._table
         if table is None:
             return None
-        self.source.check_offsets(indices)
+        self._source.check_offsets(indices)
         dense = self._dense
         positions = torch.from_numpy(np.asarray(indices, dtype=np.int64))
         values = {name: torch.index_select(dense[name], 0, positions) for name in dense}
@@ -198,10 +198,10 @@ class MemoryCache(FillingCache):
         return Gathered(values, len(indices))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"source": self.source, "cache_bytes": self.cache_bytes}
+        return {"source": self._source, "cache_bytes": self.cache_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.source, self.cache_bytes = state["source"], state["cache_bytes"]
+        self._source, self.cache_bytes = state["source"], state["cache_bytes"]
         self._reset()
 
 

@@ -6,37 +6,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lance_prefetch.sources._lance import RowSource
-from lance_prefetch.sources._multi import MixtureSource
+from lance_prefetch.sources._multi import ConcatSource, MixtureSource
+from lance_prefetch.sources._protocol import RowSource
+from lance_prefetch.sources._wrapped import SourceIdentity
 
 __all__ = ["SourceFacade", "loader_identity", "loader_repr"]
 
 
-class SourceFacade:
-    """The dataset's identity as properties, read from ``self._source`` (a
-    :class:`~lance_prefetch.sources._lance.RowSource`)."""
+class SourceFacade(SourceIdentity):
+    """The dataset's identity as properties (``uri``, ``version``, ``columns``, ``io``), read from
+    ``self._source`` (a :class:`~lance_prefetch.sources._protocol.RowSource`) as
+    :class:`~lance_prefetch.sources._wrapped.SourceIdentity` reads them."""
 
     _source: RowSource
-
-    @property
-    def uri(self) -> str:
-        """The dataset's URI."""
-        return self._source.uri
-
-    @property
-    def version(self) -> int:
-        """The pinned dataset version that every read uses."""
-        return self._source.version
-
-    @property
-    def io(self) -> str:
-        """The reader in use: ``"default"`` or ``"uring"`` (``"default"`` after a fallback)."""
-        return self._source.io
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """The columns each batch (or row) holds, in order."""
-        return self._source.columns
 
 
 def loader_repr(loader: Any) -> str:
@@ -64,7 +46,7 @@ def loader_identity(loader: Any) -> dict[str, Any]:
     datasets, ``uri`` and ``version`` are the first one's and ``datasets`` lists them all."""
     config, source = loader.config, loader._source
     split = config.split
-    several = hasattr(source, "datasets")  # a ConcatSource or MixtureSource
+    several = isinstance(source, ConcatSource)  # a MixtureSource too
     return {
         "uri": source.sources[0].uri if several else loader.uri,
         "version": source.sources[0].version if several else loader.version,

@@ -4,14 +4,16 @@ and hand the batches to the training loop one by one.
 :class:`BatchReader` is what the worker threads run for each :class:`~lance_prefetch.plan._coalesce.Group`
 (read, then split, convert and ``transform``), and how a failure is named for the training loop
 (:class:`~lance_prefetch.BatchLoadError`). :class:`LoaderIterator` is the iterator
-``iter(loader)`` returns: it drains a :class:`~lance_prefetch.schedule._prefetcher.Prefetcher` of groups,
-counts each batch it delivers (:class:`~lance_prefetch.plan._positions.DeliveryCounter`), records
+``iter(loader)`` returns: it holds and drains a prefetcher of groups
+(:class:`~lance_prefetch.schedule._drained.DrainedPrefetcher`: on a background event loop, or in
+``next()`` for a filled memory cache), counts each batch it delivers (:class:`~lance_prefetch.plan._positions.DeliveryCounter`), records
 telemetry, and with ``readahead="auto"`` applies the tuner's bounds.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import threading
@@ -33,10 +35,11 @@ from lance_prefetch.plan._positions import DeliveryCounter
 from lance_prefetch.plan.sampling import EpochPlan, PlannedBatch
 from lance_prefetch.schedule._blocking import BlockingPrefetcher
 from lance_prefetch.schedule._direct import DirectPrefetcher
+from lance_prefetch.schedule._drained import DrainedPrefetcher
 from lance_prefetch.schedule._prefetcher import FetchError, Prefetcher, PrefetchStatistics
 from lance_prefetch.schedule._tuning import DepthTuner
 from lance_prefetch.schedule.retry import RetryPolicy
-from lance_prefetch.sources._lance import RowSource
+from lance_prefetch.sources._protocol import RowSource
 from lance_prefetch.sources._storage import redact_uri
 
 __all__ = ["BatchReader", "LazyIteration", "LoaderIterator", "deliveries", "start_iteration"]
@@ -69,8 +72,8 @@ class BatchReader:
         placement = Placement() if placement is None else placement
         self._source, self._epoch, self._transform = source, epoch, transform
         self._retry, self._telemetry, self._placement = retry, telemetry, placement
-        #: a memory cache's ``gather`` (rows already as tensors once it is filled), else None
-        self._gather = getattr(source, "gather", None)
+        #: whether a cache serves some rows (a take's hits are counted then; without one, never)
+        self._cache = source.cached is not None
         self._stopped = threading.Event()  # the iteration closed: convert nothing more
 
     def stop(self) -> None:
@@ -81,12 +84,15 @@ class BatchReader:
     def read(self, group: Group) -> Any:
         """The rows of a group of batches, read with one ``take`` (in a worker thread; retried
         by the prefetcher)."""
-        source = self._source
-        cached = source.cached_rows(group.indices)  # what a cache serves (before the take)
+        source, indices = self._source, group.indices
+        # what a cache serves (before the take); all once it is filled (it stays filled)
+        cached = None
+        if self._cache:
+            cached = len(indices) if source.cached else source.cached_rows(indices)
         started = time.perf_counter()
-        table = self._gather(group.indices) if self._gather is not None else None
-        if table is None:  # not a filled memory cache: Arrow rows
-            table = source.take(group.indices)
+        table = source.gather(indices)  # rows already as tensors: a filled memory cache
+        if table is None:  # Arrow rows
+            table = source.take(indices)
         self._telemetry.record_take(
             time.perf_counter() - started, table.nbytes, rows=table.num_rows, cached_rows=cached
         )
@@ -155,14 +161,20 @@ class BatchReader:
         )
 
 
-class LoaderIterator(BlockingPrefetcher[Any]):
-    """The iterator ``iter(loader)`` returns: a prefetcher of groups of batches (one ``take``
-    each) that hands the batches on one by one, giving back a readahead token as each is
+class LoaderIterator(Iterator[Any]):
+    """The iterator ``iter(loader)`` returns: it drains a prefetcher of groups of batches (one
+    ``take`` each) and hands the batches on one by one, giving back a readahead token as each is
     received.
 
     Args:
-        prefetcher (Prefetcher): fetches the groups with ``reader.read``, processed by
-            ``reader.convert``, one readahead unit per batch.
+        start (Callable[..., DrainedPrefetcher]): starts the prefetcher when called with
+            ``on_close=`` (a :class:`~lance_prefetch.schedule._blocking.BlockingPrefetcher`
+            fetching the groups with ``reader.read`` in worker threads, or a
+            :class:`~lance_prefetch.schedule._direct.DirectPrefetcher` reading them in ``next()``),
+            each group processed by ``reader.convert``, one readahead unit per batch. This
+            iterator holds it and closes it; every close of it (this iterator's, the end of the
+            share, an error, garbage collection, the exit hook) ends the telemetry and drops what
+            was read and not delivered.
         reader (BatchReader): names a failed read.
         counter (DeliveryCounter): counts the batches delivered.
         telemetry (Telemetry): this iteration's counters.
@@ -175,11 +187,15 @@ class LoaderIterator(BlockingPrefetcher[Any]):
             the share's end its check runs, and a failed one raises
             :class:`~lance_prefetch.CoverageError` from the last ``next()`` instead of
             ``StopIteration``.
+
+    Cancellation handling: as the prefetcher's (``BlockingPrefetcher``): :meth:`close` cancels
+    the reads not started, and waits for those running until ``close_wait_s`` (0.5 s) after it
+    began; the batches read and not yet delivered are dropped.
     """
 
     def __init__(
         self,
-        prefetcher: Prefetcher[Group, list[Any]],
+        start: Callable[..., DrainedPrefetcher[list[Any]]],
         *,
         reader: BatchReader,
         counter: DeliveryCounter,
@@ -189,8 +205,6 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         device: Any = None,
         audit: EpochAudit | None = None,
     ) -> None:
-        # Set before the prefetcher starts: a Ctrl-C held back during its start is raised at the
-        # end of super().__init__(), and close() (run by garbage collection) needs them.
         self._counter = counter
         self._reader = reader
         self._telemetry = telemetry
@@ -202,8 +216,15 @@ class LoaderIterator(BlockingPrefetcher[Any]):
         # (row offsets, seconds waited) of batches received, not yet counted
         self._received: collections.deque[tuple[Any, float]] = collections.deque()
         self._feed = None if device is None else DeviceFeed(device, self._receive, self._count)
-        super().__init__(prefetcher)
-        telemetry.attach(_counters_of(weakref.ref(self)))  # weak: the loader keeps telemetry
+        self._pid = os.getpid()
+        # Started last: a Ctrl-C held back during its start is raised at the end of start(), and
+        # its close (run by garbage collection) runs on_close, which needs the state above.
+        on_close = functools.partial(_closed, telemetry, reader, self._pending, self._feed)
+        self._prefetcher = start(on_close=on_close)
+        telemetry.attach(_statistics_of(weakref.ref(self)))  # weak: the loader keeps telemetry
+
+    def __iter__(self) -> LoaderIterator:
+        return self
 
     def __next__(self) -> Any:
         try:
@@ -211,7 +232,7 @@ class LoaderIterator(BlockingPrefetcher[Any]):
                 return self._feed.next()
             item = self._receive()
         except StopIteration:
-            if not self.exhausted:  # closed early: not the share's end
+            if not self._prefetcher.exhausted:  # closed early: not the share's end
                 raise
             self._counter.finished = True  # every batch of the share was handed out
             if self._audit is None:
@@ -235,16 +256,17 @@ class LoaderIterator(BlockingPrefetcher[Any]):
     def _receive(self) -> Any:
         """The next batch from the prefetcher (not yet counted as delivered)."""
         started = self._telemetry.begin_wait()
+        prefetcher = self._prefetcher
         try:
             try:  # the rest of a group already read (close() from another thread may clear it;
-                # in a forked copy, self._next() refuses instead)
+                # in a forked copy, the prefetcher refuses instead)
                 result = self._pending.popleft() if os.getpid() == self._pid else None
             except IndexError:
                 result = None
             if result is None:
                 # the token goes back at the end of this call, so that the next read does not
                 # compete with it for the GIL
-                results = self._next(release=False)
+                results = prefetcher.get(release=False)
                 result = results[0]
                 self._pending.extend(results[1:])
             if isinstance(result, BatchLoadError):  # the batches before it were delivered
@@ -266,20 +288,47 @@ class LoaderIterator(BlockingPrefetcher[Any]):
                 now, telemetry.waited, telemetry.rows, telemetry.bytes, telemetry.rows_read
             )
             if bounds is not None:
-                self.resize(bounds.readahead, bounds.max_in_flight)
+                prefetcher.resize(bounds.readahead, bounds.max_in_flight)
         if self._next_log is not None and now >= self._next_log:
             self._next_log = now + self._log_every_s  # type: ignore[operator]
             _stats_logger.info("%s", self._telemetry.snapshot())
-        self.release(1)
+        prefetcher.release(1)
         return item
 
+    @property
+    def closed(self) -> bool:
+        """Whether the prefetcher was closed (by :meth:`close`, the share's end or an error)."""
+        return self._prefetcher.closed
+
+    def statistics(self) -> PrefetchStatistics:
+        """The prefetcher's :class:`~lance_prefetch.schedule._prefetcher.PrefetchStatistics`."""
+        return self._prefetcher.statistics()
+
     def close(self, *, wait: bool = True) -> None:
-        self._telemetry.end()
-        self._reader.stop()
-        self._pending.clear()  # batches read but never delivered (their tokens die with the loop)
-        if self._feed is not None:
-            self._feed.clear()
-        super().close(wait=wait)
+        """Close the prefetcher (see
+        :meth:`~lance_prefetch.schedule._drained.DrainedPrefetcher.close`): the telemetry ends,
+        the batches read and not delivered are dropped. Idempotent, from any thread."""
+        self._prefetcher.close(wait=wait)
+
+    def wait_for_reads(self, deadline: float) -> bool:
+        """See :meth:`~lance_prefetch.schedule._drained.DrainedPrefetcher.wait_for_reads`."""
+        return self._prefetcher.wait_for_reads(deadline)
+
+
+def _closed(
+    telemetry: Telemetry,
+    reader: BatchReader,
+    pending: collections.deque[Any],
+    feed: DeviceFeed | None,
+) -> None:
+    """What every close of an iteration's prefetcher does first: the telemetry ends, a group
+    being converted stops, and the batches read and not delivered are dropped (their tokens die
+    with the prefetcher)."""
+    telemetry.end()
+    reader.stop()
+    pending.clear()
+    if feed is not None:
+        feed.clear()
 
 
 class LazyIteration:
@@ -333,7 +382,7 @@ class LazyIteration:
             self._iterator.close(wait=wait)
 
     def wait_for_reads(self, deadline: float) -> bool:
-        """See :meth:`~lance_prefetch.schedule._blocking.BlockingPrefetcher.wait_for_reads`."""
+        """See :meth:`~lance_prefetch.schedule._drained.DrainedPrefetcher.wait_for_reads`."""
         return self._iterator is None or self._iterator.wait_for_reads(deadline)
 
     def __enter__(self) -> LazyIteration:
@@ -384,9 +433,11 @@ def start_iteration(
         telemetry=telemetry,
         placement=config.placement,
     )
-    if config.transform is None and getattr(source, "ready", False):  # a filled memory cache
+    start: Callable[..., DrainedPrefetcher[list[Any]]]
+    if config.transform is None and source.ready:  # a filled memory cache
         tuner = None  # nothing is read ahead: no depth to tune
-        prefetcher: Any = DirectPrefetcher(
+        start = functools.partial(
+            DirectPrefetcher,
             groups(batches, resolved.coalesce),
             reader.read,
             process=reader.convert,
@@ -406,8 +457,9 @@ def start_iteration(
             size=len,
             hedge=resolved.hedge,
         )
+        start = functools.partial(BlockingPrefetcher, prefetcher)
     return LoaderIterator(
-        prefetcher,
+        start,
         reader=reader,
         counter=counter,
         telemetry=telemetry,
@@ -428,25 +480,13 @@ def deliveries(batches: Iterator[PlannedBatch], plan: EpochPlan) -> Iterator[Pla
     return batches
 
 
-def _counters_of(
+def _statistics_of(
     iteration: weakref.ref[LoaderIterator],
-) -> Callable[[], tuple[int, ...] | None]:
-    """(queue depth, takes in flight, retries, readahead, max_in_flight, hedges, hedges won) of
-    a live iteration, for its telemetry."""
+) -> Callable[[], PrefetchStatistics | None]:
+    """The statistics of a live iteration (``None`` once it is gone), for its telemetry."""
 
-    def counters() -> tuple[int, ...] | None:
+    def statistics() -> PrefetchStatistics | None:
         live = iteration()
-        if live is None:
-            return None
-        statistics = live.statistics()
-        return (
-            statistics.ready,
-            statistics.in_flight,
-            statistics.retries,
-            statistics.readahead,
-            statistics.max_in_flight,
-            statistics.hedges,
-            statistics.hedges_won,
-        )
+        return None if live is None else live.statistics()
 
-    return counters
+    return statistics

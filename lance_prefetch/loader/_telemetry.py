@@ -15,9 +15,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+from lance_prefetch.schedule._prefetcher import PrefetchStatistics
 
 __all__ = ["LATENCIES", "LoaderStats", "Telemetry", "WINDOW_S"]
 
@@ -29,6 +31,9 @@ WINDOW_S = 10.0
 LATENCIES = 1024
 
 _MIB = float(1 << 20)
+
+#: The statistics of an iteration before it runs and after it is gone: nothing held.
+_NOTHING_RUNNING = PrefetchStatistics(held=0, in_flight=0, received=0)
 
 
 @dataclass(frozen=True)
@@ -153,18 +158,20 @@ class Telemetry:
         self._takes: deque[tuple[float, int]] = deque()  # (time, bytes before)
         self._latencies = np.full(LATENCIES, np.nan)
         self._next_latency = 0
-        self._counters: Callable[[], tuple[int, ...] | None] | None = None
-        self._retries = self._hedges = self._hedges_won = 0
+        self._statistics: Callable[[], PrefetchStatistics | None] | None = None
+        #: the iteration's last statistics read (its totals outlive it)
+        self._last = _NOTHING_RUNNING
         self.rows_read = 0  # rows read by takes
         self.rows_taken = 0  # rows read by takes that said whether the cache served them
         self.rows_cached = 0
         self._waiting_since: float | None = None  # next() is waiting for a batch since then
 
-    def attach(self, counters: Callable[[], tuple[int, ...] | None]) -> None:
-        """Where :meth:`snapshot` gets ``(queue_depth, in_flight, retries, readahead,
-        max_in_flight, hedges, hedges_won)`` from while the iteration runs (``None`` once it is gone: keep no strong
+    def attach(self, statistics: Callable[[], PrefetchStatistics | None]) -> None:
+        """Where :meth:`snapshot` gets the iteration's
+        :class:`~lance_prefetch.schedule._prefetcher.PrefetchStatistics` from while it runs
+        (``ready`` is the queue depth; ``None`` once the iteration is gone: keep no strong
         reference to it here)."""
-        self._counters = counters
+        self._statistics = statistics
 
     def begin_wait(self) -> float:
         """``next()`` starts waiting for a batch now (the time is returned): until
@@ -207,15 +214,17 @@ class Telemetry:
         if self.ended is None:
             self.ended = self.clock()
             self._waiting_since = None
-            self._read_counters()
-            self._counters = None  # nothing is queued or in flight for the user any more
+            self._prefetch_statistics()
+            self._statistics = None  # nothing is queued or in flight for the user any more
 
-    def _read_counters(self) -> tuple[int, ...]:
-        counters = None if self._counters is None else self._counters()
-        if counters is None:
-            return 0, 0, self._retries, 0, 0, self._hedges, self._hedges_won
-        self._retries, (self._hedges, self._hedges_won) = counters[2], counters[5:7]
-        return counters
+    def _prefetch_statistics(self) -> PrefetchStatistics:
+        """The running iteration's statistics; once it is gone, its totals (retries, hedges)
+        with nothing queued or in flight and no bounds."""
+        statistics = None if self._statistics is None else self._statistics()
+        if statistics is None:
+            return replace(self._last, held=0, in_flight=0, ready=0, readahead=0, max_in_flight=0)
+        self._last = statistics
+        return statistics
 
     def snapshot(self) -> LoaderStats:
         """The :class:`LoaderStats` now."""
@@ -242,9 +251,7 @@ class Telemetry:
             p50, p95, p99 = (float(v) for v in np.percentile(latencies, [50, 95, 99]))
         else:
             p50 = p95 = p99 = math.nan
-        queue_depth, in_flight, retries, readahead, max_in_flight, hedges, won = (
-            self._read_counters()
-        )
+        prefetch = self._prefetch_statistics()
         return LoaderStats(
             epoch=self.epoch,
             worker_id=self.worker_id,
@@ -257,17 +264,17 @@ class Telemetry:
             mib_per_s_total=total_bytes / _MIB / elapsed,
             wait_fraction=min(recent_waited / span, 1.0),
             wait_fraction_total=min(waited / elapsed, 1.0),
-            queue_depth=queue_depth,
-            in_flight=in_flight,
+            queue_depth=prefetch.ready,
+            in_flight=prefetch.in_flight,
             take_ms_p50=p50,
             take_ms_p95=p95,
             take_ms_p99=p99,
-            retries=retries,
-            hedges=hedges,
-            hedges_won=won,
+            retries=prefetch.retries,
+            hedges=prefetch.hedges,
+            hedges_won=prefetch.hedges_won,
             cache_hit_ratio=hits,
-            readahead=readahead,
-            max_in_flight=max_in_flight,
+            readahead=prefetch.readahead,
+            max_in_flight=prefetch.max_in_flight,
             window_s=self.window_s,
         )
 

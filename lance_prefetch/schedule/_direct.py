@@ -3,20 +3,23 @@
 A filled memory cache gathers a batch in a few microseconds a row (``torch.index_select`` of
 tensors already in memory); handing it over from a worker thread through the event loop would
 cost more than the read itself. :class:`DirectPrefetcher` takes a
-:class:`~lance_prefetch.schedule._prefetcher.Prefetcher`'s place under
-:class:`~lance_prefetch.schedule._blocking.BlockingPrefetcher` for such reads: ``get()`` reads and
-processes the next item right there, no thread, no event loop, nothing read ahead (so nothing
+:class:`~lance_prefetch.schedule._blocking.BlockingPrefetcher`'s place for such reads, with the
+same interface (:class:`~lance_prefetch.schedule._drained.DrainedPrefetcher`): ``next()`` reads
+and processes the next item right there, no thread, no event loop, nothing read ahead (so nothing
 held: the readahead bound holds trivially). Its errors are a prefetcher's: a failed ``fetch`` is
-a :class:`~lance_prefetch.schedule._prefetcher.FetchError` after one attempt (a read from memory is not
-retried).
+a :class:`~lance_prefetch.schedule._prefetcher.FetchError` after one attempt (a read from memory
+is not retried).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
+from lance_prefetch.lifecycle._shutdown import CLOSE_WAIT_S
+from lance_prefetch.schedule._drained import DrainedPrefetcher
 from lance_prefetch.schedule._prefetcher import FetchError, PrefetchStatistics
 
 __all__ = ["DirectPrefetcher"]
@@ -25,18 +28,24 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class DirectPrefetcher(Generic[T, R]):
-    """Reads ``items`` one by one, in the thread that calls :meth:`get`.
+class DirectPrefetcher(DrainedPrefetcher[R]):
+    """Reads ``items`` one by one, in the thread that calls ``next()`` (or :meth:`get`).
 
     Args:
         items (Iterable): what to read, in order.
         fetch (Callable): reads one item.
-        process (Callable): ``process(item, fetched)``, the result :meth:`get` returns.
+        process (Callable): ``process(item, fetched)``, the result ``next()`` returns.
         readahead (int), max_in_flight (int): reported by :meth:`statistics` only.
-    """
+        close_wait_s (float, optional): as for
+            :class:`~lance_prefetch.schedule._blocking.BlockingPrefetcher` (nothing runs in the
+            background, so :meth:`close` does not wait). Default: :data:`CLOSE_WAIT_S`.
+        on_close (Callable[[], None], optional): run first by every :meth:`close` (see
+            :class:`~lance_prefetch.schedule._drained.DrainedPrefetcher`). Default: ``None``.
 
-    #: Tells :class:`~lance_prefetch.schedule._blocking.BlockingPrefetcher` to start no event loop.
-    synchronous = True
+    Errors:
+        ``next()`` raises :class:`~lance_prefetch.schedule._prefetcher.FetchError` for a failed
+        ``fetch`` (its error is ``__cause__``), or ``process``'s own error, and closes.
+    """
 
     def __init__(
         self,
@@ -46,20 +55,18 @@ class DirectPrefetcher(Generic[T, R]):
         process: Callable[[T, Any], R],
         readahead: int,
         max_in_flight: int,
+        close_wait_s: float = CLOSE_WAIT_S,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
+        super().__init__(close_wait_s=close_wait_s, on_close=on_close)
         self._items = iter(items)
         self._fetch, self._process = fetch, process
         self._readahead, self._max_in_flight = readahead, max_in_flight
         self._received = 0
         self._closing = False
+        self._started(contextlib.ExitStack())  # nothing to stop: no thread, no loop
 
-    def get(self, *, release: bool = True) -> R:
-        """The next item's result, read now.
-
-        Raises:
-            StopIteration: no item left (or :meth:`stop_fetching` was called).
-            FetchError: ``fetch`` failed; its error is ``__cause__``.
-        """
+    def _get(self, release: bool) -> R:
         if self._closing:
             raise StopIteration
         item = next(self._items)
@@ -77,13 +84,11 @@ class DirectPrefetcher(Generic[T, R]):
         """Record the bounds (reported by :meth:`statistics`; nothing is read ahead)."""
         self._readahead, self._max_in_flight = readahead, max_in_flight
 
-    def stop_fetching(self) -> None:
-        """Read nothing more."""
+    def _stop_fetching(self) -> None:
         self._closing = True
 
-    def threads(self) -> list[threading.Thread]:
-        """No thread of its own."""
-        return []
+    def _threads(self) -> list[threading.Thread]:
+        return []  # no thread of its own
 
     def statistics(self) -> PrefetchStatistics:
         """Nothing held or in flight; ``received`` counts the items read."""

@@ -20,7 +20,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import lance
 import numpy as np
@@ -29,6 +29,7 @@ import pyarrow as pa
 from lance_prefetch.convert._projection import Projection
 from lance_prefetch.lifecycle._exit_guard import native_call
 from lance_prefetch.sources._options import SourceOptions
+from lance_prefetch.sources._protocol import RowSource as RowSource
 from lance_prefetch.sources._storage import (
     check_s3_options,
     explain_open_error,
@@ -42,66 +43,12 @@ from lance_prefetch.sources._storage import (
 from lance_prefetch.sources._storage import redact as redact
 from lance_prefetch.sources._uris import URING, refuse_a_file, scheme, uring_uri
 from lance_prefetch.sources._versions import checkout, committed
+from lance_prefetch.sources._wrapped import check_range
 
 __all__ = ["LanceSource", "RowSource", "ShortReadError", "redact"]
 
 _DEFAULTS = SourceOptions()
 _logger = logging.getLogger("lance_prefetch.source")
-
-
-class RowSource(Protocol):
-    """What the readers need of a source of rows: :class:`LanceSource` and the caches over it
-    (:mod:`lance_prefetch.cache._disk`) implement it. ``take`` may block; every other member is
-    cheap."""
-
-    @property
-    def uri(self) -> str:
-        """The dataset's URI."""
-
-    @property
-    def version(self) -> int:
-        """The pinned version."""
-
-    @property
-    def num_rows(self) -> int:
-        """Live rows of that version: the offsets ``0 .. num_rows-1``."""
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """The projection, in order."""
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The projected schema."""
-
-    @property
-    def io(self) -> str:
-        """The reader in use, ``"default"`` or ``"uring"``."""
-
-    @property
-    def cached(self) -> bool | None:
-        """Whether a cache holds the rows in this process already; ``None``: no cache."""
-
-    def cached_rows(self, indices: np.ndarray) -> int | None:
-        """How many of the rows at ``indices`` a cache would serve now in this process, without
-        reading the dataset (``None``: no cache)."""
-
-    def take(self, indices: np.ndarray) -> pa.Table:
-        """The rows at ``indices`` (offsets), in that order (see :meth:`LanceSource.take`)."""
-
-    def check_offsets(self, indices: np.ndarray) -> None:
-        """Refuse offsets outside ``[0, num_rows)`` (``IndexError``) before any read."""
-
-    def check_process(self) -> None:
-        """Refuse to be used in a process forked from the one that opened it
-        (``RuntimeError``)."""
-
-    def prepare(self) -> None:
-        """Do in this thread, before the first read of this process, what must not run inside a
-        timed, retried ``take`` (a cache's fill); a no-op for a plain source."""
-
-    def options_repr(self) -> dict[str, str] | None:
-        """The storage options as a ``repr`` may show them (secret values hidden)."""
 
 
 class ShortReadError(OSError):
@@ -260,11 +207,12 @@ class LanceSource:
         Raises:
             IndexError: an offset is out of range (the message gives the range and the extremes).
         """
-        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.num_rows):
-            raise IndexError(
-                f"row offsets must be in [0, {self.num_rows}) for {self.uri!r} version "
-                f"{self.version}, but got min {int(indices.min())}, max {int(indices.max())}"
-            )
+        check_range(
+            indices,
+            self.num_rows,
+            what="row offsets",
+            of=f"for {self.uri!r} version {self.version}",
+        )
 
     @property
     def cached(self) -> None:
@@ -273,6 +221,15 @@ class LanceSource:
 
     def cached_rows(self, indices: np.ndarray) -> None:
         """``None``: no cache (see :class:`RowSource`)."""
+        return None
+
+    @property
+    def ready(self) -> bool:
+        """``False``: rows are read by :meth:`take` (see :class:`RowSource`)."""
+        return False
+
+    def gather(self, indices: np.ndarray) -> None:
+        """``None``: rows are read by :meth:`take` (see :class:`RowSource`)."""
         return None
 
     def prepare(self) -> None:

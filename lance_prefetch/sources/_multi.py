@@ -31,14 +31,15 @@ import pyarrow as pa
 from lance_prefetch.plan._mixture import dataset_seed, epoch_length, mixture_counts
 from lance_prefetch.plan.permutation import Permutation, make_permutation
 from lance_prefetch.plan.sampling import TooFewRowsError
-from lance_prefetch.sources._lance import RowSource
+from lance_prefetch.sources._protocol import RowSource
 from lance_prefetch.sources._subset import subset_of
+from lance_prefetch.sources._wrapped import WrappedSource, check_range
 
 __all__ = ["ConcatSource", "MixtureSource", "epoch_view", "naming_rows"]
 
 
 class ConcatSource:
-    """A :class:`~lance_prefetch.sources._lance.RowSource` of the rows of ``sources`` one after the
+    """A :class:`~lance_prefetch.sources._protocol.RowSource` of the rows of ``sources`` one after the
     other: position ``p`` is dataset ``i``'s position ``p - starts[i]``.
 
     Args:
@@ -86,6 +87,16 @@ class ConcatSource:
         _, parts = self._split(indices)
         return sum(self.sources[i].cached_rows(rows) or 0 for i, rows in parts)
 
+    @property
+    def ready(self) -> bool:
+        """``False``: rows are read by :meth:`take`, one per dataset (its memory cache gathers
+        for a loader of that dataset alone)."""
+        return False
+
+    def gather(self, indices: np.ndarray) -> None:
+        """``None``: rows are read by :meth:`take`."""
+        return None
+
     def datasets(self) -> list[dict[str, Any]]:
         """Each dataset's ``{"uri", "version", "num_rows"}``, in order (what a state records)."""
         return [{"uri": s.uri, "version": s.version, "num_rows": s.num_rows} for s in self.sources]
@@ -123,11 +134,7 @@ class ConcatSource:
 
     def check_offsets(self, indices: np.ndarray) -> None:
         """Refuse positions outside ``[0, num_rows)`` before any read (``IndexError``)."""
-        if len(indices) and (int(np.min(indices)) < 0 or int(np.max(indices)) >= self.num_rows):
-            raise IndexError(
-                f"row positions must be in [0, {self.num_rows}) (the rows of {self.uri!r}), but "
-                f"got min {int(np.min(indices))}, max {int(np.max(indices))}"
-            )
+        check_range(indices, self.num_rows, what="row positions", of=f"(the rows of {self.uri!r})")
 
     def check_process(self) -> None:
         """Each dataset's check."""
@@ -218,16 +225,20 @@ class MixtureSource(ConcatSource):
         return rows
 
 
-class _EpochMixture:
-    """A :class:`MixtureSource` bound to one epoch: a RowSource whose ``take`` reads that
-    epoch's rows (every other member is the mixture's)."""
+class _EpochMixture(WrappedSource):
+    """A :class:`MixtureSource` bound to one epoch: a RowSource whose ``take`` and
+    ``cached_rows`` read that epoch's rows; every other member is the mixture's, forwarded as
+    :class:`~lance_prefetch.sources._wrapped.WrappedSource` does (``num_rows`` is an epoch's
+    ``L`` positions, ``check_offsets`` refuses positions outside them).
+
+    Args:
+        mixture (MixtureSource): the mixture. epoch (int): the epoch read.
+    """
 
     def __init__(self, mixture: MixtureSource, epoch: int) -> None:
+        super().__init__(mixture)
         self.mixture, self.epoch = mixture, epoch
         self._samples = mixture.samples(epoch)  # one per dataset, for the whole iteration
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.mixture, name)
 
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows of the epoch's positions ``indices``, in that order."""

@@ -33,7 +33,9 @@ from lance_prefetch._errors import lance_message
 from lance_prefetch.convert._projection import field_at
 from lance_prefetch.plan.permutation import index_dtype
 from lance_prefetch.plan.splits import BY_POSITION, Split, key_hashes, key_parts, part_positions
-from lance_prefetch.sources._lance import LanceSource, RowSource, ShortReadError
+from lance_prefetch.sources._lance import LanceSource, ShortReadError
+from lance_prefetch.sources._protocol import RowSource
+from lance_prefetch.sources._wrapped import WrappedSource, check_range
 
 __all__ = ["Subset", "SubsetSource", "select", "subset_of"]
 
@@ -88,9 +90,9 @@ class Subset:
             self.offsets = np.flatnonzero(mask).astype(index_dtype(self.total_rows))
 
 
-class SubsetSource:
-    """A :class:`~lance_prefetch.sources._lance.RowSource` of the ``m`` rows of ``subset``: ``take``
-    maps positions ``0 .. m-1`` to their row offsets and reads them from ``inner`` (the
+class SubsetSource(WrappedSource):
+    """A :class:`~lance_prefetch.sources._protocol.RowSource` of the ``m`` rows of ``subset``:
+    ``take`` maps positions ``0 .. m-1`` to their row offsets and reads them from ``inner`` (the
     dataset, or a cache of it). Every other member is ``inner``'s.
 
     Args:
@@ -99,15 +101,13 @@ class SubsetSource:
     """
 
     def __init__(self, inner: RowSource, subset: Subset) -> None:
-        self.inner, self.subset = inner, subset
+        super().__init__(inner)
+        self.subset = subset
 
-    uri = property(lambda self: self.inner.uri, doc="The dataset's URI.")
-    version = property(lambda self: self.inner.version, doc="The pinned version.")
-    columns = property(lambda self: self.inner.columns, doc="The projection.")
-    schema = property(lambda self: self.inner.schema, doc="The projected schema.")
-    io = property(lambda self: self.inner.io, doc="The reader in use.")
-    cached = property(lambda self: self.inner.cached, doc="As the inner source's.")
-    num_rows = property(lambda self: self.subset.num_rows, doc="Rows selected, ``m``.")
+    @property
+    def num_rows(self) -> int:
+        """Rows selected, ``m``."""
+        return self.subset.num_rows
 
     def cached_rows(self, indices: np.ndarray) -> int | None:
         """As the inner source's, for the row offsets of positions ``indices``."""
@@ -121,24 +121,8 @@ class SubsetSource:
 
     def check_offsets(self, indices: np.ndarray) -> None:
         """Refuse positions outside ``[0, m)`` before any read (``IndexError``)."""
-        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.num_rows):
-            raise IndexError(
-                f"row positions must be in [0, {self.num_rows}) (the rows of "
-                f"{self.subset.describe()}) for {self.uri!r} version {self.version}, but got "
-                f"min {int(indices.min())}, max {int(indices.max())}"
-            )
-
-    def check_process(self) -> None:
-        """As the inner source's."""
-        self.inner.check_process()
-
-    def prepare(self) -> None:
-        """As the inner source's (a cache of the whole version fills here)."""
-        self.inner.prepare()
-
-    def options_repr(self) -> dict[str, str] | None:
-        """As the inner source's."""
-        return self.inner.options_repr()
+        of = f"(the rows of {self.subset.describe()}) for {self.uri!r} version {self.version}"
+        check_range(indices, self.num_rows, what="row positions", of=of)
 
     def scan(self) -> Iterator[pa.RecordBatch]:
         """The selected rows in position order, from one scan of the inner ``LanceSource``
@@ -202,9 +186,11 @@ def select(source: LanceSource, filter: str | None, split: Split | None) -> Subs
 
 def subset_of(source: Any) -> Subset | None:
     """The :class:`Subset` a loader's source reads (under or over a cache), or ``None``."""
-    while source is not None and not isinstance(source, SubsetSource):
-        source = getattr(source, "source", None)  # a cache's wrapped source
-    return None if source is None else source.subset
+    while isinstance(source, WrappedSource):  # a subset, or a cache over one
+        if isinstance(source, SubsetSource):
+            return source.subset
+        source = source.inner
+    return None
 
 
 def _check_key(source: LanceSource, key: str) -> None:

@@ -43,6 +43,10 @@ class FakeSource:
     version = 1
     io = "default"
     cached = None
+    ready = False
+
+    def gather(self, indices):
+        return None
 
     def cached_rows(self, indices):
         return None
@@ -121,6 +125,10 @@ class FlakySource:
     schema = property(lambda self: self.inner.schema)
     io = property(lambda self: self.inner.io)
     cached = property(lambda self: self.inner.cached)
+    ready = False  # reads go through take (so that they can fail)
+
+    def gather(self, indices):
+        return None
 
     def cached_rows(self, indices):
         return self.inner.cached_rows(indices)
