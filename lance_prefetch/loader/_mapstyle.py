@@ -33,8 +33,8 @@ from torch.utils.data._utils.collate import default_collate
 from lance_prefetch.convert._arrow import check_schema, to_tensors
 from lance_prefetch.loader._config import DEFAULT_RETRY, MapDatasetConfig
 from lance_prefetch.loader._facade import SourceFacade
+from lance_prefetch.loader._open import lance_source
 from lance_prefetch.schedule.retry import RetryPolicy
-from lance_prefetch.sources._lance import LanceSource
 
 if TYPE_CHECKING:
     import lance
@@ -150,7 +150,7 @@ class LanceMapDataset(SourceFacade, Dataset):
             io=io,
         )
         self.transform, self.retry = config.transform, config.retry
-        self._source = LanceSource(source, config.source_options)
+        self._source = lance_source(source, config.source_options)
         check_schema(self._source.schema)
 
     def __len__(self) -> int:

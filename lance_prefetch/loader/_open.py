@@ -1,10 +1,24 @@
 """The source stack a loader reads, built in one place: each dataset pinned and projected
 (:class:`~lance_prefetch.sources._lance.LanceSource`), cached as the loader asks, mapped to the
-rows of its ``filter`` and ``split``, and several datasets concatenated or mixed."""
+rows of its ``filter`` and ``split``, and several datasets concatenated or mixed.
+
+The seam for tests: every ``LanceSource`` of a dataset that a :class:`~lance_prefetch.PrefetchLoader`
+or a :class:`~lance_prefetch.LanceMapDataset` opens is made by :func:`lance_source`. While
+``with _wrapping_sources(wrap):`` is active (in this thread or any other), it returns
+``wrap(source)`` instead: an object with every public member of ``LanceSource`` (the caches call
+``scan``, ``copy_to`` and ``committed``; a ``filter`` reads ``dataset_schema``), which the cache,
+filter, split and mixture layers then wrap as they would the source itself. The wrapped sources
+are part of the reader's source stack: they pickle with it (into spawn DataLoader workers too, so
+``wrap``'s objects must pickle) and keep serving it after the ``with`` ends. The local copy a
+``cache="disk"`` opens is not wrapped: a wrapper sees the dataset's reads only. Private: tests
+observe and fault a reader's reads through it instead of patching ``LanceSource``'s class.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lance_prefetch.cache._disk import with_cache
@@ -15,7 +29,33 @@ from lance_prefetch.sources._multi import ConcatSource, MixtureSource
 from lance_prefetch.sources._options import SourceOptions
 from lance_prefetch.sources._subset import SubsetSource, select
 
-__all__ = ["check_compatible", "open_source", "open_sources"]
+__all__ = ["check_compatible", "lance_source", "open_source", "open_sources"]
+
+#: The wrap of the innermost active :func:`_wrapping_sources` (``None``: none is active).
+_wrap: Callable[[LanceSource], LanceSource] | None = None
+
+
+@contextlib.contextmanager
+def _wrapping_sources(wrap: Callable[[LanceSource], LanceSource]) -> Iterator[None]:
+    """While active, :func:`lance_source` returns ``wrap(source)`` for every dataset opened (for
+    tests only; see the module docstring). Nested: the innermost ``wrap`` applies, the outer one
+    again once it ends."""
+    global _wrap
+    previous, _wrap = _wrap, wrap
+    try:
+        yield
+    finally:
+        _wrap = previous
+
+
+def lance_source(source: Any, options: SourceOptions) -> LanceSource:
+    """``LanceSource(source, options)``, or what the active :func:`_wrapping_sources` makes of it.
+
+    Raises:
+        Exception: the errors of :class:`~lance_prefetch.sources._lance.LanceSource`.
+    """
+    opened = LanceSource(source, options)
+    return opened if _wrap is None else _wrap(opened)
 
 
 def open_sources(source: Any, config: LoaderConfig) -> RowSource:
@@ -79,18 +119,18 @@ def open_source(
             and of the cache's size check.
         Exception: the errors of :class:`~lance_prefetch.sources._lance.LanceSource`.
     """
-    lance_source = LanceSource(source, options or config.source_options)
-    check_schema(lance_source.schema)
-    if lance_source.num_rows == 0:
+    opened = lance_source(source, options or config.source_options)
+    check_schema(opened.schema)
+    if opened.num_rows == 0:
         raise ValueError(
-            f"source: the dataset {lance_source.uri!r} has no rows at version "
-            f"{lance_source.version}; write data first or pick another version"
+            f"source: the dataset {opened.uri!r} has no rows at version "
+            f"{opened.version}; write data first or pick another version"
         )
-    subset = select(lance_source, config.filter, config.split)
+    subset = select(opened, config.filter, config.split)
     cache, cache_bytes, cache_dir = config.cache, config.cache_bytes, config.cache_dir
     if subset is None:
-        return with_cache(lance_source, cache, cache_bytes=cache_bytes, cache_dir=cache_dir)
+        return with_cache(opened, cache, cache_bytes=cache_bytes, cache_dir=cache_dir)
     if cache == "memory":
-        subset_source = SubsetSource(lance_source, subset)
+        subset_source = SubsetSource(opened, subset)
         return with_cache(subset_source, cache, cache_bytes=cache_bytes)  # type: ignore[arg-type]
-    return SubsetSource(with_cache(lance_source, cache, cache_dir=cache_dir), subset)
+    return SubsetSource(with_cache(opened, cache, cache_dir=cache_dir), subset)
