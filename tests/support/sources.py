@@ -62,6 +62,12 @@ class Tap:
         """``source`` wrapped so that its reads report to this tap (the seam's ``wrap``)."""
         return TappedSource(source, self)
 
+    @contextlib.contextmanager
+    def tapping(self) -> Iterator[Tap]:
+        """While active, the readers constructed report to this tap (as inside :func:`tapped`)."""
+        with _wrapping_sources(self.wrap):
+            yield self
+
     def record(self, what: str, indices: np.ndarray | None = None) -> None:
         """Count one call of ``what`` (``"take"``, ``"scan"`` or ``"copy_to"``)."""
         with self._lock:
@@ -143,6 +149,5 @@ def tapped(
 ) -> Iterator[Tap]:
     """A :class:`Tap` (with these hooks) over every dataset the readers constructed inside the
     ``with`` open."""
-    tap = Tap(take=take, scan=scan, copy_to=copy_to)
-    with _wrapping_sources(tap.wrap):
+    with Tap(take=take, scan=scan, copy_to=copy_to).tapping() as tap:
         yield tap
