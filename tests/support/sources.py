@@ -45,8 +45,9 @@ class Tap:
             ``source.copy_to(path, **options)``.
 
     Hooks may be set or replaced at any time: the readers hold this tap, not its hooks. Pickles
-    with its records and hooks (a hook that is a closure does not pickle: a reader handed to a
-    spawn worker needs module-level hooks, or none).
+    without hooks and with empty records (hooks are closures over this process's test): a reader
+    copied into a spawn DataLoader worker reads there untapped, and what it reads there is not
+    seen here.
     """
 
     def __init__(
@@ -79,13 +80,10 @@ class Tap:
                 self.copies += 1
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
+        return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self.__init__()  # type: ignore[misc]
 
 
 class TappedSource:
