@@ -96,16 +96,16 @@ def test_the_first_epoch_is_read_while_the_memory_cache_fills(fresh_ids):
 
 
 def test_the_first_epoch_is_read_while_the_disk_copy_is_made(ids_1003, tmp_path):
-    """The copy is made in the background, not inside a (timed, retried) take: while it stalls,
-    far longer than the per-take timeout, the whole first epoch is read from the dataset
+    """The copy is made in the background, not inside a (timed, retried) take: while its scan
+    stalls, far longer than the per-take timeout, the whole first epoch is read from the dataset
     (exact, no hit); once the copy is open every take is a hit, from the copy only."""
     stall = threading.Event()
 
-    def stalling_copy(read, path, **options):
+    def stalling_scan(read, **options):
         assert stall.wait(30)
-        return read(path, **options)
+        yield from read(**options)
 
-    with tapped(copy_to=stalling_copy) as tap:
+    with tapped(scan=stalling_scan) as tap:
         loader = PrefetchLoader(
             ids_1003,
             100,

@@ -330,18 +330,16 @@ def test_what_killed_fills_left_is_removed_by_the_next_fill_of_that_copy(ids_100
 _SLOW_FILL = """
 import sys, time
 from lance_prefetch import PrefetchLoader
-from lance_prefetch.sources._lance import LanceSource
+from support.sources import tapped
 
-scan = LanceSource.scan
-
-def slow_scan(self, **options):  # 21 record batches, 0.5 s each: a copy of 10 s
-    for batch in scan(self, **{**options, "batch_rows": 50}):
+def slow_scan(read, **options):  # 21 record batches, 0.5 s each: a copy of 10 s
+    for batch in read(**{**options, "batch_rows": 50}):
         time.sleep(0.5)
         yield batch
 
-LanceSource.scan = slow_scan
 options = {"cache_dir": sys.argv[3]} if sys.argv[2] == "disk" else {}
-loader = PrefetchLoader(sys.argv[1], 50, cache=sys.argv[2], **options)
+with tapped(scan=slow_scan):  # the fill's scan (of the memory cache, or of the disk copy)
+    loader = PrefetchLoader(sys.argv[1], 50, cache=sys.argv[2], **options)
 print(next(iter(loader))["id"].shape[0], flush=True)  # the fill runs behind; the script ends
 """
 

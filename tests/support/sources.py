@@ -36,13 +36,13 @@ class Tap:
     Attributes:
         takes (list[list[int]]): each ``take``'s offsets, in the order the takes started (recorded
             before the hook runs, so a take that the hook fails is recorded too).
-        scans (int): ``scan`` calls (a cache's fill, a filter's selection).
+        scans (int): ``scan`` calls (a cache's fill, a disk cache's copy, a filter's selection).
         copies (int): ``copy_to`` calls (a disk cache's fills).
         take (Hook | None): ``take(read, indices)`` instead of ``source.take(indices)``.
         scan (Hook | None): ``scan(read, **options)`` instead of ``source.scan(**options)``;
             returns the record batches (an iterator).
         copy_to (Hook | None): ``copy_to(read, path, **options)`` instead of
-            ``source.copy_to(path, **options)``.
+            ``source.copy_to(path, **options)`` (``read`` copies the rows of a :attr:`scan`).
 
     Hooks may be set or replaced at any time: the readers hold this tap, not its hooks. Pickles
     without hooks and with empty records (hooks are closures over this process's test): a reader
@@ -107,9 +107,12 @@ class TappedSource:
     def copy_to(self, path: str, **options: Any) -> None:
         self.tap.record("copy_to")
         hook = self.tap.copy_to
-        if hook is None:
-            return self.inner.copy_to(path, **options)
-        return hook(self.inner.copy_to, path, **options)
+        return self._copy(path, **options) if hook is None else hook(self._copy, path, **options)
+
+    def _copy(self, path: str, **options: Any) -> None:
+        """The wrapped source's copy, of the record batches of this wrapper's :meth:`scan` (so a
+        scan hook sees, and may slow or fail, the copy's scan too)."""
+        self.inner.copy_to(path, scanned=self.scan(), **options)
 
     # the rest of LanceSource: the wrapped source's
     uri = property(lambda self: self.inner.uri)
