@@ -105,11 +105,14 @@ POSITION = {tuple(PLAN.batch(p).indices.tolist()): p for p in range(PLAN.batches
 DELAYS = {2: 60.0, 3: 3.0, 4: 3.0, 5: 3.0}  # 2 is stuck; 3..5 are slow, then 6.. wait their turn
 started: list[int] = []
 RESULT["takes"] = started  # the batch positions whose take started, in order
+STUCK = threading.Event()  # set once the takes 2..5 all run
 
 
 def fake_take(read, indices):
     position = POSITION[tuple(indices.tolist())]
     started.append(position)
+    if set(DELAYS) <= set(started):
+        STUCK.set()
     time.sleep(DELAYS.get(position, 0.0))  # 2: a read stuck in I/O; nothing can interrupt it
     return pa.table({"id": pa.array(indices, pa.int64())})
 
@@ -123,8 +126,7 @@ RESULT["delivered"] = delivered
 
 def wait_for_the_stuck_take() -> None:
     """Until takes 2..5 run (every in-flight slot is taken; takes 6 and 7 wait for one)."""
-    while not set(DELAYS) <= set(started):
-        time.sleep(0.002)
+    STUCK.wait()
 
 
 def first_batch(iterator) -> None:
