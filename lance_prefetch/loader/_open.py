@@ -2,16 +2,17 @@
 (:class:`~lance_prefetch.sources._lance.LanceSource`), cached as the loader asks, mapped to the
 rows of its ``filter`` and ``split``, and several datasets concatenated or mixed.
 
-The seam for tests: every ``LanceSource`` of a dataset that a :class:`~lance_prefetch.PrefetchLoader`
-or a :class:`~lance_prefetch.LanceMapDataset` opens is made by :func:`lance_source`. While
-``with _wrapping_sources(wrap):`` is active (in this thread or any other), it returns
-``wrap(source)`` instead: an object with every public member of ``LanceSource`` (the caches call
-``scan``, ``copy_to`` and ``committed``; a ``filter`` reads ``dataset_schema``), which the cache,
-filter, split and mixture layers then wrap as they would the source itself. The wrapped sources
-are part of the reader's source stack: they pickle with it (into spawn DataLoader workers too, so
-``wrap``'s objects must pickle) and keep serving it after the ``with`` ends. The local copy a
-``cache="disk"`` opens is not wrapped: a wrapper sees the dataset's reads only. Private: tests
-observe and fault a reader's reads through it instead of patching ``LanceSource``'s class.
+The seam for tests: every ``LanceSource`` of a dataset that a
+:class:`~lance_prefetch.PrefetchLoader` or a :class:`~lance_prefetch.LanceMapDataset` opens is
+made by :func:`lance_source`. While ``with _wrapping_sources(wrap):`` is active (in this thread
+or any other), it returns ``wrap(source)`` instead: an object with every public member of
+``LanceSource`` (the caches call ``scan``, ``copy_to`` and ``committed``; a ``filter`` reads
+``dataset_schema``), which the cache, filter, split and mixture layers then wrap as they would
+the source itself. The wrap is applied at construction and its result is part of the reader's
+source stack: it pickles with the reader (into spawn DataLoader workers too, so it must pickle)
+and keeps serving it after the ``with`` ends. The local copy a ``cache="disk"`` opens is not
+wrapped: a wrapper sees the dataset's reads only. Private: tests observe and fault a reader's
+reads through it (``tests/support/sources.py``) instead of patching ``LanceSource``'s class.
 """
 
 from __future__ import annotations

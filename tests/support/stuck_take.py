@@ -1,8 +1,9 @@
 """A training script whose take of batch 2 never returns in time, for tests/test_lifecycle.py.
 
 Usage: ``python stuck_take.py URI MODE``. The dataset's ``take`` is replaced (through
-:func:`support.sources.tapped`) by a fake that builds the ``id`` column from the offsets (``id`` = offset, as in the test datasets) without calling Lance, so
-no thread ever runs a Lance ``take`` here. With ``readahead=8, max_in_flight=4``, the take of the
+:func:`support.sources.tapped`) by a fake that builds the ``id`` column from the offsets (``id`` =
+offset, as in the test datasets) without calling Lance, so no thread ever runs a Lance ``take``
+here. With ``readahead=8, max_in_flight=4``, the take of the
 epoch's batch 2 blocks for 60 s and those of batches 3, 4 and 5 for 3 s, so takes 6 and 7 are
 pending (waiting for an in-flight slot) when the loop lets go; closing must cancel them, so they
 never start, though slots free up while close() waits for the stuck take. MODE is how the
