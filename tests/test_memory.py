@@ -76,9 +76,10 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
     Counted outside the prefetcher: a hook on the dataset's take (``tapped``) counts takes running
     at once and takes started; a transform marks each batch finished; the loop counts what it
     consumed. The loop calls next() only once its next batch is finished (so next() hands over at
-    once; but the first next(), which starts the reads), and while it waits it samples ``takes running + finished batches not consumed``. At every take's
-    start, ``takes started - consumed`` (minus the one being handed over, whose slot next() has
-    just given back) is what the loader holds, the new take included.
+    once; but the first next(), which starts the reads), and while it waits it samples ``takes
+    running + finished batches not consumed``. At every take's start, ``takes started -
+    consumed`` (minus the one being handed over, whose slot next() has just given back) is what
+    the loader holds, the new take included.
     """
     readahead, max_in_flight = 4, 2
     lock = threading.Lock()
