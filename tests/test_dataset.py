@@ -23,7 +23,7 @@ from support.helpers import (
     stopping,
     wait_until,
 )
-from support.sources import tapped
+from support.sources import TappedSource, tapped
 from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, PrefetchLoader
@@ -218,6 +218,23 @@ def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003):
                 break
     assert max(held_at_start) == 4  # reached while batch 2 stalled, never exceeded
     assert max(held) <= 4
+
+
+def test_the_test_seam_wraps_the_dataset_beneath_the_layers_and_travels_to_spawn_workers(
+    ids_1003,
+):
+    """``tapped()`` (support.sources) wraps each dataset's LanceSource beneath the filter's
+    layer; the wrapper pickles with the loader: spawn workers read the exact batches through
+    their own copy (untapped: the tap here records only this process's reads)."""
+    with tapped() as tap:
+        loader = PrefetchLoader(ids_1003, 25, drop_last=False, filter="id % 2 = 0")
+    assert isinstance(loader._source.inner, TappedSource)  # the filter's subset over the tap
+    assert tap.scans == 1  # the filter's selection
+    for epoch, workers in ((1, 2), (2, 0)):  # the rows kept are the even ids: 2 x offset
+        expected = [[2 * o for o in batch] for batch in expected_rank_ids(loader, epoch=epoch)]
+        assert collect(loader, num_workers=workers, epoch=epoch) == expected
+    read = sorted(i for offsets in tap.takes for i in offsets)
+    assert read == sorted(i for batch in expected for i in batch)  # epoch 2's, in this process
 
 
 def test_transform_runs_on_every_batch(make_loader, ids_25):
