@@ -32,39 +32,6 @@ def write_ids(
     return str(path)
 
 
-class _KeepingMonkeyPatch(pytest.MonkeyPatch):
-    """``MonkeyPatch`` that keeps every value it set alive until :meth:`undo` has finished.
-
-    Python 3.11's ``setattr`` on a class releases the value it replaces before it invalidates the
-    class's method cache. A test that patches ``LanceSource.take`` with a closure holding a running
-    iterator loses the last reference to that closure in ``undo``: the iterator is torn down there,
-    a finalizer in it releases the GIL, and a read thread still calling ``take`` through the stale
-    cache calls the freed function (a segfault in a few runs of a hundred). Kept alive here, the patched
-    values are released only after every class has its original attribute and a fresh cache.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._installed: list[object] = []
-
-    def setattr(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
-        self._installed.extend(args)
-        self._installed.extend(kwargs.values())
-        super().setattr(*args, **kwargs)  # type: ignore[arg-type]
-
-    def undo(self) -> None:
-        super().undo()
-        self._installed.clear()
-
-
-@pytest.fixture
-def monkeypatch():
-    """pytest's ``monkeypatch``, releasing what it patched in only after undoing every patch."""
-    patch = _KeepingMonkeyPatch()
-    yield patch
-    patch.undo()
-
-
 @pytest.fixture(scope="session")
 def ids_1003(tmp_path_factory: pytest.TempPathFactory) -> str:
     """1,003 rows in 4 fragments (300 rows each, the last 103)."""

@@ -15,12 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from support.helpers import WORKERS, batch_ids, collect, expected_rank_ids
+from support.sources import tapped
 
 from lance_prefetch import (
     BatchLoadError,
     Dataset,
     DiskCache,
     MemoryCache,
+    Mixture,
     PrefetchLoader,
     ReadOptions,
     RetryPolicy,
@@ -39,29 +41,14 @@ def epoch_values(loader, epoch):
     return [{name: t.tolist() for name, t in batch.items()} for batch in loader]
 
 
-def count_scans(monkeypatch, uri: str) -> list[int]:
-    """Counts LanceSource.scan calls (each is a fill) and refuses LanceSource.take of ``uri``: a
-    cache that reads the dataset through take is a failure (a disk cache takes from its copy)."""
-    scans = [0]
-    original, original_take = LanceSource.scan, LanceSource.take
-
-    def scan(self, **options):
-        scans[0] += 1
-        return original(self, **options)
-
-    def take(self, indices):
-        assert self.uri != uri, "a cached loader called LanceSource.take on the dataset"
-        return original_take(self, indices)
-
-    monkeypatch.setattr(LanceSource, "scan", scan)
-    monkeypatch.setattr(LanceSource, "take", take)
-    return scans
+def refuse_takes(read, indices):
+    """A take hook: a cache that reads the dataset through take is a failure (a disk cache takes
+    from its copy, which no tap sees)."""
+    raise AssertionError("a cached loader called LanceSource.take on the dataset")
 
 
 @pytest.mark.parametrize("cache", CACHES)
-def test_a_cache_gives_exactly_the_datasets_batches_from_one_scan(
-    fresh_ids, monkeypatch, tmp_path, cache
-):
+def test_a_cache_gives_exactly_the_datasets_batches_from_one_scan(fresh_ids, tmp_path, cache):
     """Rows deleted in two places (one a whole fragment) shift the offsets: two epochs of the
     cached loader equal the uncached loader's, ids and vectors, after a single scan."""
     uri = fresh_ids(1003, rows_per_file=100)
@@ -72,16 +59,17 @@ def test_a_cache_gives_exactly_the_datasets_batches_from_one_scan(
     expected = [epoch_values(plain, epoch) for epoch in (0, 1)]
     if cache == "disk":
         cache = DiskCache(dir=tmp_path / "cache")
-    cached = PrefetchLoader(uri, 16, seed=4, drop_last=False, cache=cache)
+    with tapped() as tap:
+        cached = PrefetchLoader(uri, 16, seed=4, drop_last=False, cache=cache)
     cached._source.fill()  # epoch 0 is read by takes while the fill runs: wait for it first
-    scans = count_scans(monkeypatch, uri)
+    tap.take, tap.scans = refuse_takes, 0
     assert [epoch_values(cached, epoch) for epoch in (0, 1)] == expected
-    assert scans[0] == 0 and cached.cache == as_cache(cache)
+    assert tap.scans == 0 and tap.takes == [] and cached.cache == as_cache(cache)
     stats = cached.stats()
     assert stats.cache_hit_ratio == 1.0  # epoch 1: every take served by the filled cache
 
 
-def test_the_first_epoch_is_read_while_the_memory_cache_fills(fresh_ids, monkeypatch):
+def test_the_first_epoch_is_read_while_the_memory_cache_fills(fresh_ids):
     """The scan lands two record batches, then stalls: the whole first epoch is
     read meanwhile (those rows from memory, the others by takes, put back in order), exactly the
     uncached loader's batches; once the fill ends, the next epoch is gathered from the tensors
@@ -90,68 +78,62 @@ def test_the_first_epoch_is_read_while_the_memory_cache_fills(fresh_ids, monkeyp
     lance.dataset(uri).delete("id % 5 = 1")  # offsets no longer equal ids
     plain = PrefetchLoader(uri, 32, seed=2, drop_last=False)
     expected = [epoch_values(plain, epoch) for epoch in (0, 1)]
-    original, stall, taken = LanceSource.scan, threading.Event(), []
+    stall, stalled = threading.Event(), threading.Event()
 
-    def stalling_scan(self, **options):
-        for number, batch in enumerate(original(self, batch_rows=150, **options)):
-            if number == 2:
+    def stalling_scan(read, **options):
+        for number, batch in enumerate(read(batch_rows=150, **options)):
+            if number == 2:  # the two record batches before have landed
+                stalled.set()
                 assert stall.wait(30)
             yield batch
 
-    def counting_take(self, indices):
-        taken.append(len(indices))
-        return original_take(self, indices)
-
-    original_take = LanceSource.take
-    monkeypatch.setattr(LanceSource, "scan", stalling_scan)
-    monkeypatch.setattr(LanceSource, "take", counting_take)
     first_two = sum(
-        b.num_rows
-        for _, b in zip(range(2), original(LanceSource(uri), batch_rows=150), strict=False)
+        b.num_rows for _, b in zip(range(2), LanceSource(uri).scan(batch_rows=150), strict=False)
     )
-    cached = PrefetchLoader(uri, 32, seed=2, drop_last=False, cache="memory")
+    with tapped(scan=stalling_scan) as tap:
+        cached = PrefetchLoader(uri, 32, seed=2, drop_last=False, cache="memory")
     cached._source.prepare()  # the fill starts; wait until it stalls after two record batches
-    deadline = time.monotonic() + 30
-    while cached._source.landed < first_two and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert stalled.wait(30)
     assert cached._source.landed == first_two
     assert epoch_values(cached, 0) == expected[0]
     assert cached._source.landed == first_two and not cached._source.cached
-    assert sum(taken) == cached.num_rows - first_two  # the landed rows were not taken again
+    taken = sum(map(len, tap.takes))
+    assert taken == cached.num_rows - first_two  # the landed rows were not taken again
     assert cached.stats().cache_hit_ratio == first_two / cached.num_rows  # landed rows are hits
     stall.set()
     cached._source.fill()
-    taken.clear()
+    tap.takes.clear()
     assert epoch_values(cached, 1) == expected[1]
-    assert taken == [] and cached.stats().cache_hit_ratio == 1.0
+    assert tap.takes == [] and cached.stats().cache_hit_ratio == 1.0
 
 
-def test_the_first_epoch_is_read_while_the_disk_copy_is_made(ids_1003, tmp_path, monkeypatch):
+def test_the_first_epoch_is_read_while_the_disk_copy_is_made(ids_1003, tmp_path):
     """The copy is made in the background, not inside a (timed, retried) take: while its scan
     stalls, far longer than the per-take timeout, the whole first epoch is read from the dataset
     (exact, no hit); once the copy is open every take is a hit, from the copy only."""
-    original, stall = LanceSource.scan, threading.Event()
+    stall = threading.Event()
 
-    def stalling_scan(self, **options):
+    def stalling_scan(read, **options):
         assert stall.wait(30)
-        yield from original(self, **options)
+        yield from read(**options)
 
-    monkeypatch.setattr(LanceSource, "scan", stalling_scan)
-    loader = PrefetchLoader(
-        ids_1003,
-        100,
-        cache=DiskCache(dir=tmp_path / "c"),
-        read=ReadOptions(coalesce=1, retry=RetryPolicy(timeout=0.2)),
-    )
+    with tapped(scan=stalling_scan) as tap:
+        loader = PrefetchLoader(
+            ids_1003,
+            100,
+            cache=DiskCache(dir=tmp_path / "c"),
+            read=ReadOptions(coalesce=1, retry=RetryPolicy(timeout=0.2)),
+        )
     assert batch_ids(loader) == expected_rank_ids(loader)
     assert not loader._source.cached and loader.stats().cache_hit_ratio == 0.0
     time.sleep(0.3)  # the fill still waits, past the per-take timeout
     stall.set()
     loader._source.fill()
-    monkeypatch.undo()
-    count_scans(monkeypatch, ids_1003)  # from here a take of the dataset fails the test
+    tap.take = refuse_takes  # from here a take of the dataset fails the test
+    tap.takes.clear()
     loader.set_epoch(1)
     assert batch_ids(loader) == expected_rank_ids(loader)
+    assert tap.takes == [] and tap.copies == 1
     assert loader.stats().cache_hit_ratio == 1.0
     assert "cache hits 100.0%" in str(loader.stats())
     assert PrefetchLoader(ids_1003, 100).stats().cache_hit_ratio is None
@@ -166,22 +148,23 @@ def test_a_cache_through_spawn_workers_and_two_ranks(ids_1003, tmp_path, cache):
         assert collect(loader, num_workers=2, epoch=3) == expected_rank_ids(loader, epoch=3)
 
 
-def test_memory_cache_size_is_checked_before_any_read(ids_1003, monkeypatch):
+def test_memory_cache_size_is_checked_before_any_read(ids_1003):
     """Fixed-width columns: id (8) + vector (12) + label (8) = 28 bytes a row, 28,084 in all."""
     source = LanceSource(ids_1003)
     assert fixed_row_bytes(source.schema) == 28
-    monkeypatch.setattr(LanceSource, "scan", lambda *a, **k: pytest.fail("scanned"))
-    with pytest.raises(ValueError) as info:
-        PrefetchLoader(ids_1003, 10, cache=MemoryCache(max_bytes=28_000))
+    with tapped() as tap:
+        with pytest.raises(ValueError) as info:
+            PrefetchLoader(ids_1003, 10, cache=MemoryCache(max_bytes=28_000))
+        fits = PrefetchLoader(ids_1003, 10, cache=MemoryCache(max_bytes=28_084), columns=None)
+        narrow = PrefetchLoader(ids_1003, 10, columns=["label"], cache=MemoryCache(max_bytes=8_024))
     message = str(info.value)
     assert "need 28,084 bytes (0.0 MiB), above max_bytes=28000" in message
     assert message.endswith(
         "pass cache=MemoryCache(max_bytes=...) with more, read fewer columns, or use cache='disk'"
     )
-    fits = PrefetchLoader(ids_1003, 10, cache=MemoryCache(max_bytes=28_084), columns=None)
     assert fits._source.cache_bytes == 28_084
-    narrow = PrefetchLoader(ids_1003, 10, columns=["label"], cache=MemoryCache(max_bytes=8_024))
     assert narrow._source.cache_bytes == 8_024  # 8 bytes x 1003 rows fit
+    assert tap.scans == 0 and tap.takes == []  # no read
 
 
 def test_memory_cache_of_variable_width_columns_stops_at_the_budget(tmp_path):
@@ -210,7 +193,7 @@ def test_memory_cache_pickles_without_its_rows(ids_1003):
     assert batch_ids(clone) == expected_rank_ids(clone)
 
 
-def test_disk_cache_is_keyed_by_version_and_columns_and_reused(fresh_ids, tmp_path, monkeypatch):
+def test_disk_cache_is_keyed_by_version_and_columns_and_reused(fresh_ids, tmp_path):
     uri = fresh_ids(300, rows_per_file=100)
     cache_dir = tmp_path / "cache"
     first = PrefetchLoader(uri, 10, cache=DiskCache(dir=cache_dir))
@@ -219,11 +202,11 @@ def test_disk_cache_is_keyed_by_version_and_columns_and_reused(fresh_ids, tmp_pa
     copies = sorted(p.name for p in cache_dir.glob("*.lance"))
     assert len(copies) == 1 and copies[0].startswith("data-v1-")
     # another loader (another run) reuses the copy: no scan
-    monkeypatch.setattr(LanceSource, "scan", lambda *a, **k: pytest.fail("scanned again"))
-    again = PrefetchLoader(uri, 10, cache=DiskCache(dir=cache_dir), seed=9)
+    with tapped() as tap:
+        again = PrefetchLoader(uri, 10, cache=DiskCache(dir=cache_dir), seed=9)
     assert batch_ids(again) == expected_rank_ids(again)
     assert again.stats().cache_hit_ratio == 1.0  # found whole: the first epoch reads only it
-    monkeypatch.undo()
+    assert (tap.scans, tap.copies) == (0, 0)  # not scanned again
     # another projection and another version each get their own copy, with their own rows
     narrow = PrefetchLoader(uri, 10, columns=["id"], cache=DiskCache(dir=cache_dir))
     assert batch_ids(narrow) == expected_rank_ids(narrow)
@@ -415,24 +398,21 @@ def test_the_cache_dir_variable_is_checked_as_cache_dir_is_and_expands_the_home(
 
 @pytest.mark.parametrize("cache", ["memory", "disk"])
 def test_a_dataset_read_failing_after_the_cache_filled_meanwhile_is_served_by_the_cache(
-    ids_1003, tmp_path, monkeypatch, cache
+    ids_1003, tmp_path, cache
 ):
     """A take that began before the fill ended reads the dataset; the fill ends while it reads,
     then the dataset's files are gone (its take fails): the rows come from the cache."""
     if cache == "disk":
         cache = DiskCache(dir=tmp_path / "c")
-    source = PrefetchLoader(ids_1003, 10, cache=cache)._source
-    original = LanceSource.take
 
-    def take(self, indices):
-        if self.uri != ids_1003:  # the disk copy
-            return original(self, indices)
+    def take(read, indices):  # of the dataset (the disk copy is not tapped)
         source.fill()
         raise FileNotFoundError("the dataset's files are gone")
 
-    monkeypatch.setattr(LanceSource, "take", take)
+    with tapped(take=take):
+        source = PrefetchLoader(ids_1003, 10, cache=cache)._source
+        uncached = PrefetchLoader(ids_1003, 10)._source
     assert source.take(np.array([5, 1, 900]))["id"].to_pylist() == [5, 1, 900]
-    uncached = PrefetchLoader(ids_1003, 10)._source
     with pytest.raises(FileNotFoundError, match="files are gone"):
         uncached.take(np.array([5]))  # no cache: the error as it is
 
@@ -455,7 +435,9 @@ def test_every_source_implements_the_row_source_protocol_and_only_a_filled_memor
         PrefetchLoader([ids_1003, ids_1003], 10),
     ]
     sources = [loader._source for loader in loaders]
-    sources.append(PrefetchLoader([ids_1003, ids_1003], 10, weights=[1, 1])._source.for_epoch(0))
+    sources.append(
+        PrefetchLoader(Mixture([ids_1003, ids_1003], weights=[1, 1]), 10)._source.for_epoch(0)
+    )
     indices = np.array([4, 0, 4])
     for source in sources:
         assert [name for name in members if not hasattr(source, name)] == [], source

@@ -22,12 +22,12 @@ import pyarrow as pa
 import pytest
 from support.disks import LANCE_ENOSPC, SmallDisk
 from support.helpers import batch_ids, checkout_env, expected_rank_ids
+from support.sources import Tap, tapped
 
 from lance_prefetch import BatchLoadError, DiskCache, PrefetchLoader, ReadOptions
 from lance_prefetch.cache import _files as cache_files
 from lance_prefetch.cache._files import RECORD, check_copy
 from lance_prefetch.cache._filling import THREAD_NAME
-from lance_prefetch.sources._lance import LanceSource
 
 FIXES = (
     "nothing of it was kept. Free space there, pass cache=DiskCache(dir=...) with a folder on a "
@@ -49,19 +49,6 @@ def lock_is_free(path: Path) -> bool:
         with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
             opened.append(os.readlink(f"/proc/self/fd/{fd}"))
     return str(path) not in opened
-
-
-def count_copies(monkeypatch) -> list[int]:
-    """Counts fills (LanceSource.copy_to calls)."""
-    copies = [0]
-    original = LanceSource.copy_to
-
-    def copy_to(self, path, **options):
-        copies[0] += 1
-        return original(self, path, **options)
-
-    monkeypatch.setattr(LanceSource, "copy_to", copy_to)
-    return copies
 
 
 def read(loader) -> list[list[int]]:
@@ -93,8 +80,9 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
         assert not (kind == "injected" and disk.mounted)  # "tmpfs" mounts where it may (here)
         cache_dir = disk.path / "cache"
         disk.fill(leave=16 << 10)
-        loader = PrefetchLoader(uri, 100, cache=DiskCache(dir=cache_dir))
-        narrow = PrefetchLoader(text_uri, 100, columns=["text"], cache=DiskCache(dir=cache_dir))
+        with tapped() as tap:  # counts fills (copy_to calls)
+            loader = PrefetchLoader(uri, 100, cache=DiskCache(dir=cache_dir))
+            narrow = PrefetchLoader(text_uri, 100, columns=["text"], cache=DiskCache(dir=cache_dir))
         errors = []
         for each in (loader, narrow):
             each._source.prepare()  # what iter() does: the fill starts in the background
@@ -130,11 +118,12 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
             assert lock_is_free(each._source.path.with_suffix(".lock"))
             assert not each._source.cached
         disk.free()
-        copies = count_copies(monkeypatch)
-        again = PrefetchLoader(uri, 100, cache=DiskCache(dir=cache_dir), seed=5)
+        tap.copies = 0
+        with tap.tapping():
+            again = PrefetchLoader(uri, 100, cache=DiskCache(dir=cache_dir), seed=5)
         assert read(again) == expected_rank_ids(again)
         assert read(loader) == expected_rank_ids(loader)  # the failed loader, its next iter
-        assert copies[0] == 1  # filled once, then reused
+        assert tap.copies == 1  # filled once, then reused
         assert check_copy(again._source.path, again._source._about()) is None
         assert not list(cache_dir.glob(".partial-*"))
 
@@ -224,7 +213,7 @@ DAMAGES = {
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("damage", [*DAMAGES, "bytes flipped", "bytes flipped, mtime kept"])
-def test_a_damaged_copy_is_found_at_open_and_filled_again(ids_1003, tmp_path, monkeypatch, damage):
+def test_a_damaged_copy_is_found_at_open_and_filled_again(ids_1003, tmp_path, damage):
     """A copy damaged between runs (a file truncated, removed or added, the record gone or
     garbled, bytes flipped that Lance reads silently as other ids): the next open finds it,
     warns naming the damage, sets the copy aside and fills it again; exact rows, one new fill,
@@ -241,13 +230,13 @@ def test_a_damaged_copy_is_found_at_open_and_filled_again(ids_1003, tmp_path, mo
         reason = f"its file data/{data_file(copy).name} was changed (its CRC-32 differs)"
     else:
         reason = DAMAGES[damage](copy)
-    copies = count_copies(monkeypatch)
-    second = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=3)
+    with tapped() as tap:  # counts fills (copy_to calls)
+        second = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=3)
     message = f"the copy {str(copy)!r} of {ids_1003!r} version 1 is damaged: {reason}; filling"
     with pytest.warns(RuntimeWarning, match=re.escape(message)):
         ids = read(second)
     assert ids == expected_rank_ids(second)
-    assert copies[0] == 1
+    assert tap.copies == 1
     assert check_copy(copy, second._source._about()) is None
     assert sorted(p.name for p in cache_dir.iterdir()) == [copy.name, copy.stem + ".lock"]
 
@@ -272,15 +261,16 @@ def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_rea
         return original(path)
 
     monkeypatch.setattr(cache_files, "crc32", crc32)
-    copies = count_copies(monkeypatch)
+    tap = Tap()  # counts fills (copy_to calls)
     for touch in (False, True, False):
         if touch:
             os.utime(data_file(copy))
-        loader = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=7)
+        with tap.tapping():
+            loader = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=7)
         assert read(loader) == expected_rank_ids(loader)
         assert summed == ([data_file(copy)] if touch else [])
         summed.clear()
-    assert copies[0] == 0
+    assert tap.copies == 0
     assert not list(cache_dir.glob(".record-*"))
 
 
@@ -341,18 +331,16 @@ def test_what_killed_fills_left_is_removed_by_the_next_fill_of_that_copy(ids_100
 _SLOW_FILL = """
 import sys, time
 from lance_prefetch import DiskCache, PrefetchLoader
-from lance_prefetch.sources._lance import LanceSource
+from support.sources import tapped
 
-scan = LanceSource.scan
-
-def slow_scan(self, **options):  # 21 record batches, 0.5 s each: a copy of 10 s
-    for batch in scan(self, **{**options, "batch_rows": 50}):
+def slow_scan(read, **options):  # 21 record batches, 0.5 s each: a copy of 10 s
+    for batch in read(**{**options, "batch_rows": 50}):
         time.sleep(0.5)
         yield batch
 
-LanceSource.scan = slow_scan
 cache = DiskCache(dir=sys.argv[3]) if sys.argv[2] == "disk" else sys.argv[2]
-loader = PrefetchLoader(sys.argv[1], 50, cache=cache)
+with tapped(scan=slow_scan):  # the fill's scan (of the memory cache, or of the disk copy)
+    loader = PrefetchLoader(sys.argv[1], 50, cache=cache)
 print(next(iter(loader))["id"].shape[0], flush=True)  # the fill runs behind; the script ends
 """
 

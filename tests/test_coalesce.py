@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 import torch
 from support.helpers import batch_ids, expected_rank_ids, loop_threads, wait_until
+from support.sources import tapped
 
 from lance_prefetch import BatchLoadError, Dataset, PrefetchLoader, ReadOptions
 from lance_prefetch.cache._gathered import gathered
@@ -36,7 +37,6 @@ from lance_prefetch.plan._coalesce import (
     take_memory,
 )
 from lance_prefetch.plan.sampling import EpochPlan, PlannedBatch
-from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch.sources._uris import remote
 
 
@@ -247,20 +247,6 @@ def test_a_group_converts_as_its_batches_one_by_one_would(extra):
     ]
 
 
-def _recorded_takes(monkeypatch) -> list[list[int]]:
-    taken: list[list[int]] = []
-    original = LanceSource.take
-    lock = threading.Lock()
-
-    def take(self, indices):
-        with lock:
-            taken.append(np.asarray(indices).tolist())
-        return original(self, indices)
-
-    monkeypatch.setattr(LanceSource, "take", take)
-    return taken
-
-
 @pytest.mark.parametrize(
     ("coalesce", "max_in_flight", "sizes"),
     [
@@ -272,18 +258,18 @@ def _recorded_takes(monkeypatch) -> list[list[int]]:
     ],
 )
 def test_a_coalesced_epoch_is_the_plan_with_one_take_per_group(
-    ids_1003, monkeypatch, coalesce, max_in_flight, sizes
+    ids_1003, coalesce, max_in_flight, sizes
 ):
     """11 batches: takes of 1, 2, 4, ... batches up to ``coalesce``, and at most
     ceil(11 / (2 * max_in_flight)) (6 with one take in flight, 2 with four)."""
-    loader = PrefetchLoader(
-        ids_1003,
-        100,
-        drop_last=False,
-        readahead=8,
-        read=ReadOptions(coalesce=coalesce, max_in_flight=max_in_flight),
-    )
-    taken = _recorded_takes(monkeypatch)
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            ids_1003,
+            100,
+            drop_last=False,
+            readahead=8,
+            read=ReadOptions(coalesce=coalesce, max_in_flight=max_in_flight),
+        )
     batches = list(loader)
     expected = expected_rank_ids(loader)
     assert batch_ids(batches) == expected  # 11 batches, the last of 3 rows
@@ -292,25 +278,25 @@ def test_a_coalesced_epoch_is_the_plan_with_one_take_per_group(
     ]
     starts = np.cumsum([0, *sizes])
     groups_ = [expected[start:end] for start, end in zip(starts[:-1], starts[1:], strict=True)]
-    assert sorted(taken) == sorted(sum(group, []) for group in groups_)
+    assert sorted(tap.takes) == sorted(sum(group, []) for group in groups_)
 
 
-def test_coalesced_takes_on_another_rank(ids_1003, monkeypatch):
+def test_coalesced_takes_on_another_rank(ids_1003):
     """Rank 1 of 2 groups its own 21 batches: takes of 1, 2, then 3 of them, its batches
     exactly."""
-    loader = PrefetchLoader(
-        ids_1003,
-        25,
-        rank=1,
-        world_size=2,
-        drop_last=False,
-        read=ReadOptions(coalesce=3, max_in_flight=1),
-    )
-    taken = _recorded_takes(monkeypatch)
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            ids_1003,
+            25,
+            rank=1,
+            world_size=2,
+            drop_last=False,
+            read=ReadOptions(coalesce=3, max_in_flight=1),
+        )
     expected = expected_rank_ids(loader, 1)
     assert batch_ids(loader) == expected and len(expected) == 21
     starts = [0, 1, 3, 6, 9, 12, 15, 18, 21]
-    assert sorted(taken) == sorted(
+    assert sorted(tap.takes) == sorted(
         sum(expected[a:b], []) for a, b in zip(starts[:-1], starts[1:], strict=True)
     )
 
@@ -325,26 +311,26 @@ def test_groups_of_a_dataloader_worker_are_its_own_batches():
     ]
 
 
-def test_readahead_counts_batches_not_takes(ids_1003, monkeypatch):
+def test_readahead_counts_batches_not_takes(ids_1003):
     """readahead=6, coalesce=3, a take stalls: at most 6 batches (2 takes) held, never more,
     also while the loop holds the rest of a group it received."""
-    loader = PrefetchLoader(
-        ids_1003, 10, readahead=6, read=ReadOptions(max_in_flight=2, coalesce=3)
-    )
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            ids_1003, 10, readahead=6, read=ReadOptions(max_in_flight=2, coalesce=3)
+        )
     stalled = threading.Event()
-    original = LanceSource.take
     slow = sum((loader.epoch_plan().batch(p).indices.tolist() for p in (6, 7, 8)), [])
     highest = [0]
     iterator = None
 
-    def take(self, indices):
+    def take(read, indices):
         if iterator is not None:
             highest[0] = max(highest[0], iterator.statistics().held)
         if np.asarray(indices).tolist() == slow:
             stalled.wait(1.0)
-        return original(self, indices)
+        return read(indices)
 
-    monkeypatch.setattr(LanceSource, "take", take)
+    tap.take = take
     iterator = iter(loader)
     held = []
     for number, _ in enumerate(iterator):
@@ -358,17 +344,17 @@ def test_readahead_counts_batches_not_takes(ids_1003, monkeypatch):
     assert highest[0] == 6 and max(held) <= 6
 
 
-def test_a_failed_coalesced_take_names_its_batches_after_the_ones_before(ids_1003, monkeypatch):
-    loader = PrefetchLoader(ids_1003, 10, read=ReadOptions(coalesce=3, retry=None))
+def test_a_failed_coalesced_take_names_its_batches_after_the_ones_before(ids_1003):
+    with tapped() as tap:
+        loader = PrefetchLoader(ids_1003, 10, read=ReadOptions(coalesce=3, retry=None))
     bad = sum((loader.epoch_plan().batch(p).indices.tolist() for p in (3, 4, 5)), [])
-    original = LanceSource.take
 
-    def take(self, indices):
+    def take(read, indices):
         if np.asarray(indices).tolist() == bad:
             raise OSError("disk on fire")
-        return original(self, indices)
+        return read(indices)
 
-    monkeypatch.setattr(LanceSource, "take", take)
+    tap.take = take
     iterator = iter(loader)
     received = [next(iterator)["id"].tolist() for _ in range(3)]
     assert received == expected_rank_ids(loader)[:3]
@@ -432,26 +418,25 @@ def test_closing_mid_group_drops_the_rest(ids_1003):
     assert wait_until(lambda: not loop_threads(), timeout=2.0)
 
 
-def test_groups_run_concurrently(ids_1003, monkeypatch):
+def test_groups_run_concurrently(ids_1003):
     """max_in_flight counts takes: with coalesce=2, readahead=8, max_in_flight=4, four takes of
     two batches each run at once."""
-    loader = PrefetchLoader(
-        ids_1003, 10, readahead=8, read=ReadOptions(coalesce=2, max_in_flight=4)
-    )
-    original = LanceSource.take
     running, most = [0], [0]
     lock = threading.Lock()
 
-    def take(self, indices):
+    def take(read, indices):
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
         time.sleep(0.05)
         with lock:
             running[0] -= 1
-        return original(self, indices)
+        return read(indices)
 
-    monkeypatch.setattr(LanceSource, "take", take)
+    with tapped(take=take):
+        loader = PrefetchLoader(
+            ids_1003, 10, readahead=8, read=ReadOptions(coalesce=2, max_in_flight=4)
+        )
     assert batch_ids(loader) == expected_rank_ids(loader)
     assert most[0] == 4
 

@@ -38,6 +38,7 @@ from support.helpers import (
     loop_threads,
     wait_until,
 )
+from support.sources import Tap, tapped
 from support.writers import APPENDED_IDS, OVERWRITTEN_IDS, live_ids, write
 from torch.utils.data import DataLoader
 
@@ -51,16 +52,15 @@ GATE_TIMEOUT_S = 60.0
 
 
 class HeldTakes:
-    """Hold every ``LanceSource.take`` but the one of the batch ``free`` at its start (before Lance
-    reads) until :meth:`release`; ``waiting`` counts the takes held."""
+    """Hold every take of the datasets ``tap`` sees but the one of the batch ``free`` at its start
+    (before Lance reads) until :meth:`release`; ``waiting`` counts the takes held."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, free: list[int]) -> None:
+    def __init__(self, tap: Tap, free: list[int]) -> None:
         self.released = threading.Event()
         self._lock = threading.Lock()
         self.waiting = 0
-        original = LanceSource.take
 
-        def take(source: LanceSource, indices: np.ndarray):
+        def take(read, indices: np.ndarray):
             if indices.tolist() != free and not self.released.is_set():
                 with self._lock:
                     self.waiting += 1
@@ -70,9 +70,9 @@ class HeldTakes:
                 finally:
                     with self._lock:
                         self.waiting -= 1
-            return original(source, indices)
+            return read(indices)
 
-        monkeypatch.setattr(LanceSource, "take", take)
+        tap.take = take
 
     def release(self) -> None:
         self.released.set()
@@ -129,15 +129,16 @@ def latest_ids_after(operations: tuple[str, ...], before: list[int]) -> list[int
     return ids
 
 
-def read_with_write_mid_epoch(loader: PrefetchLoader, monkeypatch, write_now) -> list:
-    """Read epoch 0 of ``loader`` (``readahead=8``, ``max_in_flight=4``, 4 batches a take); after
+def read_with_write_mid_epoch(loader: PrefetchLoader, tap: Tap, write_now) -> list:
+    """Read epoch 0 of ``loader`` (``readahead=8``, ``max_in_flight=4``, 4 batches a take; made
+    under ``tap``); after
     its first batch, with the next takes in flight and held at their start, call ``write_now()``.
     Returns every batch of the epoch."""
     assert (loader.readahead, loader.read.max_in_flight, loader.coalesce) == (8, 4, 4)
     loader.set_epoch(0)
     # An iteration's takes ramp up to 4 batches: batch 0 alone (let through), batches 1-2, 3-6
     # (both held: 2 + 4 of the 8 readahead slots; the next take of 4 would not fit), 7-10, ...
-    gate = HeldTakes(monkeypatch, free=expected_rank_ids(loader)[0])
+    gate = HeldTakes(tap, free=expected_rank_ids(loader)[0])
     iterator = iter(loader)
     first = next(iterator)
     assert wait_until(lambda: gate.waiting == 2, timeout=30)
@@ -151,17 +152,16 @@ def read_with_write_mid_epoch(loader: PrefetchLoader, monkeypatch, write_now) ->
     "operations",
     [("append",), ("delete",), ("overwrite",), ("compact",), ("append", "delete", "overwrite")],
 )
-def test_a_write_mid_epoch_changes_nothing_in_this_or_later_epochs(
-    fresh_ids, monkeypatch, operations
-):
+def test_a_write_mid_epoch_changes_nothing_in_this_or_later_epochs(fresh_ids, operations):
     uri = fresh_ids(1003, rows_per_file=300)
-    loader = PrefetchLoader(
-        uri, 10, columns=["id", "label"], seed=3, readahead=8, read=ReadOptions(max_in_flight=4)
-    )
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            uri, 10, columns=["id", "label"], seed=3, readahead=8, read=ReadOptions(max_in_flight=4)
+        )
     expected = expected_rank_ids(loader)
 
     batches = read_with_write_mid_epoch(
-        loader, monkeypatch, lambda: in_thread(lambda: [write(uri, op) for op in operations])
+        loader, tap, lambda: in_thread(lambda: [write(uri, op) for op in operations])
     )
 
     # the writes are committed: the latest version holds other rows than the pinned one
@@ -177,23 +177,24 @@ def test_a_write_mid_epoch_changes_nothing_in_this_or_later_epochs(
     check_rows(later)
 
 
-def test_a_writer_process_mid_epoch_changes_nothing(fresh_ids, monkeypatch):
+def test_a_writer_process_mid_epoch_changes_nothing(fresh_ids):
     """The writer is a separate process (its own Lance runtime), rank 1 of 2 reads."""
     uri = fresh_ids(1003, rows_per_file=300)
-    loader = PrefetchLoader(
-        uri,
-        10,
-        columns=["id", "label"],
-        seed=4,
-        readahead=8,
-        rank=1,
-        world_size=2,
-        read=ReadOptions(max_in_flight=4),
-    )
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            uri,
+            10,
+            columns=["id", "label"],
+            seed=4,
+            readahead=8,
+            rank=1,
+            world_size=2,
+            read=ReadOptions(max_in_flight=4),
+        )
     expected = expected_rank_ids(loader)
     operations = ("append", "delete", "overwrite")
 
-    batches = read_with_write_mid_epoch(loader, monkeypatch, lambda: in_process(uri, *operations))
+    batches = read_with_write_mid_epoch(loader, tap, lambda: in_process(uri, *operations))
 
     assert live_ids(uri) == list(OVERWRITTEN_IDS) and lance.dataset(uri).version == 4
     assert batch_ids(batches) == expected and len(expected) == 50
@@ -363,25 +364,26 @@ def test_a_loader_on_an_older_version_reads_that_version(make_loader, fresh_ids)
         assert collect(clone, epoch=0) == [[live[o] for o in b] for b in expected_rank_ids(clone)]
 
 
-def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_ids, monkeypatch):
+def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_ids):
     """Compaction rewrites every data file; cleanup_old_versions(older_than=0) then deletes the
     pinned version's files. The batches already read arrive intact, the next read fails with
     BatchLoadError (Lance: not found), and so do later epochs and fresh copies of the loader."""
     uri = fresh_ids(1003, rows_per_file=300)
-    loader = PrefetchLoader(
-        uri,
-        10,
-        columns=["id", "label"],
-        seed=9,
-        readahead=8,
-        read=ReadOptions(max_in_flight=4, coalesce=1),
-    )  # one take per batch: the batch after the first fails alone (coalesced: test_coalesce.py)
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            uri,
+            10,
+            columns=["id", "label"],
+            seed=9,
+            readahead=8,
+            read=ReadOptions(max_in_flight=4, coalesce=1),
+        )  # one take per batch: the batch after the first fails alone (coalesced: test_coalesce.py)
     # (the seed matters: Lance can still serve some rows of the removed files from what it read
     # for batch 0, e.g. seed 8's batch 1 since the seed derivation changed; seed 9's batch 1
     # needs the files)
     expected = expected_rank_ids(loader)
     loader.set_epoch(0)
-    gate = HeldTakes(monkeypatch, free=expected[0])
+    gate = HeldTakes(tap, free=expected[0])
     iterator = iter(loader)
     first = next(iterator)
     assert wait_until(lambda: gate.waiting == 4, timeout=30)
@@ -566,19 +568,20 @@ def test_a_copy_reopening_a_removed_version_names_the_version(fresh_ids):
     assert info.value.attempts == 1  # not transient: not retried
 
 
-def test_a_tagged_version_survives_compaction_and_cleanup_mid_epoch(fresh_ids, monkeypatch):
+def test_a_tagged_version_survives_compaction_and_cleanup_mid_epoch(fresh_ids):
     """The way to keep a long run safe from cleanup: tag the version and pass the tag. Lance's
     cleanup refuses a tagged version (OSError) or, told to skip tags, keeps its files."""
     uri = fresh_ids(1003, rows_per_file=300)
     lance.dataset(uri).tags.create("training", 1)
-    loader = PrefetchLoader(
-        Dataset(uri, version="training"),
-        10,
-        columns=["id", "label"],
-        seed=9,
-        readahead=8,
-        read=ReadOptions(max_in_flight=4),
-    )
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            Dataset(uri, version="training"),
+            10,
+            columns=["id", "label"],
+            seed=9,
+            readahead=8,
+            read=ReadOptions(max_in_flight=4),
+        )
     expected = expected_rank_ids(loader)
 
     def compact_and_clean_up() -> None:
@@ -589,9 +592,7 @@ def test_a_tagged_version_survives_compaction_and_cleanup_mid_epoch(fresh_ids, m
             older_than=datetime.timedelta(0), error_if_tagged_old_versions=False
         )
 
-    batches = read_with_write_mid_epoch(
-        loader, monkeypatch, lambda: in_thread(compact_and_clean_up)
-    )
+    batches = read_with_write_mid_epoch(loader, tap, lambda: in_thread(compact_and_clean_up))
     assert batch_ids(batches) == expected
     check_rows(batches)
     loader.set_epoch(1)

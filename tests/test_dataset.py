@@ -23,10 +23,10 @@ from support.helpers import (
     stopping,
     wait_until,
 )
+from support.sources import TappedSource, tapped
 from torch.utils.data import DataLoader
 
 from lance_prefetch import BatchLoadError, Dataset, PrefetchLoader, ReadOptions
-from lance_prefetch.sources._lance import LanceSource
 
 
 def test_batches_are_dicts_of_tensors_in_permutation_order(make_loader, ids_1003):
@@ -156,26 +156,24 @@ def test_depths(ids_1003, ids_25, readahead, max_in_flight):
     assert sorted(i for b in collect(small) for i in b) == list(range(25))
 
 
-def failing_take_at(monkeypatch, loader, position, error):
-    """Make the take of global batch ``position`` raise ``error``; return the calls seen."""
+def failing_take_at(tap, loader, position, error):
+    """Make the take of global batch ``position`` of ``loader`` (made under ``tap``) raise
+    ``error``."""
     target = loader.epoch_plan().batch(position).indices.tolist()
-    original = LanceSource.take
-    calls = []
 
-    def take(self, indices):
-        calls.append(indices.tolist())
+    def take(read, indices):
         if indices.tolist() == target:
             raise error
-        return original(self, indices)
+        return read(indices)
 
-    monkeypatch.setattr(LanceSource, "take", take)
-    return calls
+    tap.take = take
 
 
-def test_a_failing_take_surfaces_quickly_and_leaves_no_thread(ids_1003, monkeypatch):
+def test_a_failing_take_surfaces_quickly_and_leaves_no_thread(ids_1003):
     """Acceptance 6: the 3rd batch's take raises: batches 0 and 1 arrive, then the error."""
-    loader = PrefetchLoader(ids_1003, 10, columns=["id"], read=ReadOptions(coalesce=1))
-    failing_take_at(monkeypatch, loader, 2, OSError("disk on fire"))
+    with tapped() as tap:
+        loader = PrefetchLoader(ids_1003, 10, columns=["id"], read=ReadOptions(coalesce=1))
+    failing_take_at(tap, loader, 2, OSError("disk on fire"))
     iterator = iter(loader)
     start = time.monotonic()
     received = [next(iterator)["id"].tolist() for _ in range(2)]
@@ -191,31 +189,31 @@ def test_a_failing_take_surfaces_quickly_and_leaves_no_thread(ids_1003, monkeypa
     assert wait_until(lambda: not loop_threads(), timeout=1.0)
 
 
-def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003, monkeypatch):
+def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003):
     """Acceptance 7: batch 2's take stalls 1 s, readahead 4: never more than 4 batches held.
 
     Held = takes started - batches handed to the loop (the iterator's own count, taken before it
     gives a readahead slot back, so a late read can only overstate what is held).
     """
-    loader = PrefetchLoader(
-        ids_1003, 10, columns=["id"], readahead=4, read=ReadOptions(max_in_flight=4, coalesce=1)
-    )
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            ids_1003, 10, columns=["id"], readahead=4, read=ReadOptions(max_in_flight=4, coalesce=1)
+        )
     slow = loader.epoch_plan().batch(2).indices.tolist()
-    original = LanceSource.take
     lock = threading.Lock()
     started, held_at_start = [0], []
     iterator = None
 
-    def take(self, indices):
+    def take(read, indices):
         with lock:
             started[0] += 1
             received = 0 if iterator is None else iterator.statistics().received
             held_at_start.append(started[0] - received)
         if indices.tolist() == slow:
             time.sleep(1.0)
-        return original(self, indices)
+        return read(indices)
 
-    monkeypatch.setattr(LanceSource, "take", take)
+    tap.take = take
     iterator = iter(loader)
     held = []
     with closing(iterator):
@@ -225,6 +223,23 @@ def test_readahead_bounds_held_batches_while_a_take_stalls(ids_1003, monkeypatch
                 break
     assert max(held_at_start) == 4  # reached while batch 2 stalled, never exceeded
     assert max(held) <= 4
+
+
+def test_the_test_seam_wraps_the_dataset_beneath_the_layers_and_travels_to_spawn_workers(
+    ids_1003,
+):
+    """``tapped()`` (support.sources) wraps each dataset's LanceSource beneath the filter's
+    layer; the wrapper pickles with the loader: spawn workers read the exact batches through
+    their own copy (untapped: the tap here records only this process's reads)."""
+    with tapped() as tap:
+        loader = PrefetchLoader(ids_1003, 25, drop_last=False, filter="id % 2 = 0")
+    assert isinstance(loader._source.inner, TappedSource)  # the filter's subset over the tap
+    assert tap.scans == 1  # the filter's selection
+    for epoch, workers in ((1, 2), (2, 0)):  # the rows kept are the even ids: 2 x offset
+        expected = [[2 * o for o in batch] for batch in expected_rank_ids(loader, epoch=epoch)]
+        assert collect(loader, num_workers=workers, epoch=epoch) == expected
+    read = sorted(i for offsets in tap.takes for i in offsets)
+    assert read == sorted(i for batch in expected for i in batch)  # epoch 2's, in this process
 
 
 def test_transform_runs_on_every_batch(make_loader, ids_25):

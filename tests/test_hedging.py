@@ -11,13 +11,13 @@ from collections import Counter
 import numpy as np
 import pytest
 from support.helpers import loop_threads, wait_until
+from support.sources import tapped
 
 from lance_prefetch import HedgePolicy, PrefetchLoader, ReadOptions, RetryPolicy
 from lance_prefetch.loader._config import LoaderConfig
 from lance_prefetch.schedule._blocking import BlockingPrefetcher
 from lance_prefetch.schedule._hedging import BURST, Hedger, resolve_hedge
 from lance_prefetch.schedule._prefetcher import Prefetcher
-from lance_prefetch.sources._lance import LanceSource
 
 #: Hedges as soon as a take runs past 3x the median of the latest ones (after 5 of them).
 EAGER = HedgePolicy(percentile=95.0, min_slowdown=3.0, budget=1.0, min_samples=5)
@@ -194,7 +194,7 @@ def test_hedging_with_a_timeout_keeps_the_first_result():
     assert processed == Counter(range(20))
 
 
-def test_a_loader_whose_take_stalls_for_chosen_rows_delivers_exact_batches(ids_1003, monkeypatch):
+def test_a_loader_whose_take_stalls_for_chosen_rows_delivers_exact_batches(ids_1003):
     reference = [
         b["id"].tolist()
         for b in PrefetchLoader(
@@ -204,23 +204,22 @@ def test_a_loader_whose_take_stalls_for_chosen_rows_delivers_exact_batches(ids_1
     stalled_rows = {reference[30][0], reference[70][0]}  # the first row of batches 30 and 70
     release = threading.Event()
     calls: Counter[int] = Counter()
-    original = LanceSource.take
 
-    def take(self, indices):
+    def take(read, indices):
         first = int(indices[0])
         calls[first] += 1
         if first in stalled_rows and calls[first] == 1:
             release.wait(10.0)
-        return original(self, indices)
+        return read(indices)
 
-    monkeypatch.setattr(LanceSource, "take", take)
-    loader = PrefetchLoader(
-        ids_1003,
-        10,
-        columns=["id"],
-        readahead=4,
-        read=ReadOptions(coalesce=1, max_in_flight=2, hedge=EAGER),
-    )
+    with tapped(take=take):
+        loader = PrefetchLoader(
+            ids_1003,
+            10,
+            columns=["id"],
+            readahead=4,
+            read=ReadOptions(coalesce=1, max_in_flight=2, hedge=EAGER),
+        )
     with iter(loader) as iterator:
         ids = [b["id"].tolist() for b in iterator]
         stats = loader.stats()

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from support.helpers import batch_ids, checkout_env, expected_rank_ids, loop_threads
+from support.sources import Tap, tapped
 
 from lance_prefetch import PrefetchLoader, ReadOptions
 from lance_prefetch.lifecycle._shutdown import CLOSE_WAIT_S, EXIT_WAIT_S
@@ -75,32 +76,29 @@ SCRIPT = textwrap.dedent(
         ):
             time.sleep(0.01)
     elif mode.startswith("in-lance-"):  # then break, raise, sigint or timeout
+        from support.sources import tapped
+
         from lance_prefetch import RetryPolicy
-        from lance_prefetch.sources._lance import LanceSource
 
         how = mode[len("in-lance-"):]
+        read = ReadOptions(max_in_flight=4, coalesce=1)
         if how == "timeout":  # a take running past 1 s is abandoned and tried again
-            retry = RetryPolicy(attempts=3, timeout=1.0)
-            loader = PrefetchLoader(
-                sys.argv[1],
-                512,
-                readahead=8,
-                read=ReadOptions(max_in_flight=4, retry=retry, coalesce=1),
-            )
-        take = LanceSource.take
+            read = ReadOptions(max_in_flight=4, coalesce=1, retry=RetryPolicy(attempts=3, timeout=1.0))
+        with tapped() as tap:  # the same loader, its dataset's takes through the tap
+            loader = PrefetchLoader(sys.argv[1], 512, readahead=8, read=read)
         slow = loader.epoch_plan().batch(2).indices.tolist()
         every_row = np.arange(loader.num_rows)
         attempts = []
 
-        def busy_take(self, indices):  # a first attempt that stays in Lance for 60 s, as a read
+        def busy_take(read, indices):  # a first attempt that stays in Lance for 60 s, as a read
             if indices.tolist() == slow and not attempts:  # from a stalled store does
                 attempts.append(1)
                 end = time.monotonic() + 60
                 while time.monotonic() < end:
-                    take(self, every_row)  # long calls: the thread is nearly always in Lance
-            return take(self, indices)
+                    read(every_row)  # long calls: the thread is nearly always in Lance
+            return read(indices)
 
-        LanceSource.take = busy_take
+        tap.take = busy_take
         if how == "timeout":
             print("batches:", sum(1 for _ in loader), flush=True)  # the whole epoch
         for batch in loader if how != "timeout" else ():
@@ -573,27 +571,24 @@ def test_a_new_iteration_after_break_reads_a_whole_epoch_exactly(make_loader, id
 
 
 class StuckTakes:
-    """``LanceSource.take`` of the given batches blocks (before Lance reads) until
-    :meth:`release` (10 s at most); ``started`` is set once one is blocked, ``threads`` holds the
-    threads that blocked."""
+    """The takes of the given batches, of the datasets ``tap`` sees, block (before Lance reads)
+    until :meth:`release` (10 s at most); ``started`` is set once one is blocked, ``threads``
+    holds the threads that blocked."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, batches: list[list[int]]) -> None:
-        from lance_prefetch.sources._lance import LanceSource
-
+    def __init__(self, tap: Tap, batches: list[list[int]]) -> None:
         self.released = threading.Event()
         self.started = threading.Event()
         self.threads: list[threading.Thread] = []
         stuck = {tuple(batch) for batch in batches}
-        original = LanceSource.take
 
-        def take(source, indices):
+        def take(read, indices):
             if tuple(indices.tolist()) in stuck:
                 self.threads.append(threading.current_thread())
                 self.started.set()
                 self.released.wait(10)
-            return original(source, indices)
+            return read(indices)
 
-        monkeypatch.setattr(LanceSource, "take", take)
+        tap.take = take
 
     def release(self) -> None:
         self.released.set()
@@ -602,7 +597,7 @@ class StuckTakes:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["close", "with loader", "with iterator"])
 def test_close_returns_within_a_second_and_the_next_iteration_reads_its_epoch_exactly(
-    ids_1003, monkeypatch, caplog, how
+    ids_1003, caplog, how
 ):
     """The take of batch 1 is stuck. ``loader.close()``, leaving ``with loader:`` or leaving
     ``with iter(loader) as it:`` after batch 0 returns after CLOSE_WAIT_S (0.5 s), not later, and
@@ -610,11 +605,12 @@ def test_close_returns_within_a_second_and_the_next_iteration_reads_its_epoch_ex
     new iteration right away reads exactly the next epoch while that take still runs. Once the
     take returns, its rows are dropped (the closed iterator ends) and its thread ends."""
     caplog.set_level(logging.WARNING, logger="lance_prefetch")
-    loader = PrefetchLoader(
-        ids_1003, 10, columns=["id"], readahead=4, read=ReadOptions(max_in_flight=2, coalesce=1)
-    )
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            ids_1003, 10, columns=["id"], readahead=4, read=ReadOptions(max_in_flight=2, coalesce=1)
+        )
     plan = expected_rank_ids(loader, epoch=0)
-    stuck = StuckTakes(monkeypatch, [plan[1]])
+    stuck = StuckTakes(tap, [plan[1]])
     started = None
     if how == "with iterator":
         with iter(loader) as iterator:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import write_ids
 from support.helpers import WORKERS, stopping
+from support.sources import tapped
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
 from lance_prefetch import Dataset, LanceMapDataset, PrefetchLoader, collate
@@ -39,18 +40,12 @@ def test_rows_and_batches_in_index_order(six_rows):
     assert dataset.__getitems__([1, 1, -6]).data["id"].tolist() == [1, 1, 0]  # repeats, negative
 
 
-def test_one_take_per_batch(six_rows, monkeypatch):
-    from lance_prefetch.sources._lance import LanceSource
-
-    calls = []
-    original = LanceSource.take
-    monkeypatch.setattr(
-        LanceSource, "take", lambda self, idx: calls.append(idx.tolist()) or original(self, idx)
-    )
-    dataset = LanceMapDataset(six_rows, columns=["id"])
+def test_one_take_per_batch(six_rows):
+    with tapped() as tap:
+        dataset = LanceMapDataset(six_rows, columns=["id"])
     data = DataLoader(dataset, batch_size=2, collate_fn=collate)
     assert [b["id"].tolist() for b in data] == [[0, 1], [2, 3], [4, 5]]
-    assert calls == [[0, 1], [2, 3], [4, 5]]
+    assert tap.takes == [[0, 1], [2, 3], [4, 5]]
 
 
 @pytest.mark.parametrize(

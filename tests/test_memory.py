@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 from support.helpers import checkout_env, expected_rank_ids
+from support.sources import tapped
 
 from lance_prefetch import PrefetchLoader, ReadOptions
-from lance_prefetch.sources._lance import LanceSource
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 KIB, MIB = 2**10, 2**20
@@ -69,17 +69,17 @@ def test_the_plan_costs_the_permutation_plus_a_constant(plan):
 # -- readahead bounds what is held, counted at the take level -----------------------------------
 
 
-def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003, monkeypatch):
+def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003):
     """readahead=4, max_in_flight=2; the take of batch 2 stalls until the loader has filled its
     readahead behind it (at most 10 s), then 0.5 s more, in which nothing else may start.
 
-    Counted outside the prefetcher: a wrapper of LanceSource.take counts takes running at once and
-    takes started; a transform marks each batch finished; the loop counts what it consumed. The
-    loop calls next() only once its next batch is finished (so next() hands over at once; but the
-    first next(), which starts the reads), and
-    while it waits it samples ``takes running + finished batches not consumed``. At every take's
-    start, ``takes started - consumed`` (minus the one being handed over, whose slot next() has
-    just given back) is what the loader holds, the new take included.
+    Counted outside the prefetcher: a hook on the dataset's take (``tapped``) counts takes running
+    at once and takes started; a transform marks each batch finished; the loop counts what it
+    consumed. The loop calls next() only once its next batch is finished (so next() hands over at
+    once; but the first next(), which starts the reads), and while it waits it samples ``takes
+    running + finished batches not consumed``. At every take's start, ``takes started -
+    consumed`` (minus the one being handed over, whose slot next() has just given back) is what
+    the loader holds, the new take included.
     """
     readahead, max_in_flight = 4, 2
     lock = threading.Lock()
@@ -95,24 +95,24 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
             finished.add(position_of[tuple(batch["id"].tolist())])
         return batch
 
-    loader = PrefetchLoader(
-        ids_1003,
-        10,
-        columns=["id"],
-        readahead=readahead,
-        transform=mark_finished,
-        # one take per batch (the bound with coalesced takes: test_coalesce.py)
-        read=ReadOptions(max_in_flight=max_in_flight, coalesce=1),
-    )
+    with tapped() as tap:
+        loader = PrefetchLoader(
+            ids_1003,
+            10,
+            columns=["id"],
+            readahead=readahead,
+            transform=mark_finished,
+            # one take per batch (the bound with coalesced takes: test_coalesce.py)
+            read=ReadOptions(max_in_flight=max_in_flight, coalesce=1),
+        )
     expected = expected_rank_ids(loader)
     position_of.update((tuple(ids), position) for position, ids in enumerate(expected))
-    original = LanceSource.take
 
     def filled() -> bool:  # batch 2 in its take, batches 3, 4, 5 finished, batch 6 not started
         with lock:
             return count["started"] == 6 and finished == {0, 1, 3, 4, 5} or count["started"] > 6
 
-    def take(source, indices):
+    def take(read, indices):
         with lock:
             count["started"] += 1
             count["running"] += 1
@@ -124,12 +124,12 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
                 while not filled() and time.monotonic() < deadline:
                     time.sleep(0.005)
                 time.sleep(0.5)
-            return original(source, indices)
+            return read(indices)
         finally:
             with lock:
                 count["running"] -= 1
 
-    monkeypatch.setattr(LanceSource, "take", take)
+    tap.take = take
     iterator = iter(loader)
     received = []
     for position in range(len(expected)):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from support.helpers import batch_ids, expected_rank_ids, wait_until
+from support.sources import tapped
 
 from lance_prefetch import PrefetchLoader, ReadOptions
 from lance_prefetch.loader._config import LoaderConfig
@@ -25,7 +26,6 @@ from lance_prefetch.schedule._tuning import (
     Bounds,
     DepthTuner,
 )
-from lance_prefetch.sources._lance import LanceSource
 
 
 def make_tuner(**options) -> DepthTuner:
@@ -443,23 +443,22 @@ def test_a_running_prefetcher_grows_and_shrinks():
         iterator.close()
 
 
-def test_auto_readahead_grows_against_slow_takes_and_reads_exactly(ids_1003, monkeypatch):
+def test_auto_readahead_grows_against_slow_takes_and_reads_exactly(ids_1003):
     """Every take sleeps 30 ms (I/O-like: the GIL is free) and the loop does nothing: the loader
     starts at 4 takes in flight and grows; the batches are the plan's."""
-    original = LanceSource.take
 
-    def take(self, indices):
+    def take(read, indices):
         time.sleep(0.03)
-        return original(self, indices)
+        return read(indices)
 
-    monkeypatch.setattr(LanceSource, "take", take)
-    loader = PrefetchLoader(
-        ids_1003,
-        2,
-        readahead="auto",
-        drop_last=False,
-        read=ReadOptions(max_in_flight="auto", coalesce=1),
-    )
+    with tapped(take=take):
+        loader = PrefetchLoader(
+            ids_1003,
+            2,
+            readahead="auto",
+            drop_last=False,
+            read=ReadOptions(max_in_flight="auto", coalesce=1),
+        )
     loader._resolved.tuner.period_s = 0.25  # ~30 batches a period at the start: a steady rows/s
     seen = []
     batches = []

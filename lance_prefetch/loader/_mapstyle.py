@@ -32,9 +32,9 @@ from torch.utils.data._utils.collate import default_collate
 from lance_prefetch.convert._arrow import check_schema, to_tensors
 from lance_prefetch.loader._config import MapDatasetConfig
 from lance_prefetch.loader._facade import SourceFacade
+from lance_prefetch.loader._open import lance_source
 from lance_prefetch.options import DEFAULT_RETRY, as_dataset
 from lance_prefetch.schedule.retry import RetryPolicy
-from lance_prefetch.sources._lance import LanceSource
 
 if TYPE_CHECKING:
     from lance_prefetch.options import DatasetLike
@@ -144,7 +144,7 @@ class LanceMapDataset(SourceFacade, Dataset):
         )
         self.transform, self.retry = config.transform, config.retry
         dataset = as_dataset(source)
-        self._source = LanceSource(dataset.uri, config.source_options(dataset))
+        self._source = lance_source(dataset.uri, config.source_options(dataset))
         check_schema(self._source.schema)
 
     def __len__(self) -> int:

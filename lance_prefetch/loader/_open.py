@@ -1,10 +1,25 @@
 """The source stack a loader reads, built in one place: each dataset pinned and projected
 (:class:`~lance_prefetch.sources._lance.LanceSource`), cached as the loader asks, mapped to the
-rows of its ``filter`` and ``split``, and several datasets concatenated or mixed."""
+rows of its ``filter`` and ``split``, and several datasets concatenated or mixed.
+
+The seam for tests: every ``LanceSource`` of a dataset that a
+:class:`~lance_prefetch.PrefetchLoader` or a :class:`~lance_prefetch.LanceMapDataset` opens is
+made by :func:`lance_source`. While ``with _wrapping_sources(wrap):`` is active (in this thread
+or any other), it returns ``wrap(source)`` instead: an object with every public member of
+``LanceSource`` (the caches call ``scan``, ``copy_to`` and ``committed``; a ``filter`` reads
+``dataset_schema``), which the cache, filter, split and mixture layers then wrap as they would
+the source itself. The wrap is applied at construction and its result is part of the reader's
+source stack: it pickles with the reader (into spawn DataLoader workers too, so it must pickle)
+and keeps serving it after the ``with`` ends. The local copy a ``cache="disk"`` opens is not
+wrapped: a wrapper sees the dataset's reads only. Private: tests observe and fault a reader's
+reads through it (``tests/support/sources.py``) instead of patching ``LanceSource``'s class.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lance_prefetch import options
@@ -14,9 +29,36 @@ from lance_prefetch.loader._config import LoaderConfig
 from lance_prefetch.options import Mixture, as_dataset
 from lance_prefetch.sources._lance import LanceSource, RowSource
 from lance_prefetch.sources._multi import ConcatSource, MixtureSource
+from lance_prefetch.sources._options import SourceOptions
 from lance_prefetch.sources._subset import SubsetSource, select
 
-__all__ = ["check_compatible", "open_source", "open_sources"]
+__all__ = ["check_compatible", "lance_source", "open_source", "open_sources"]
+
+#: The wrap of the innermost active :func:`_wrapping_sources` (``None``: none is active).
+_wrap: Callable[[LanceSource], LanceSource] | None = None
+
+
+@contextlib.contextmanager
+def _wrapping_sources(wrap: Callable[[LanceSource], LanceSource]) -> Iterator[None]:
+    """While active, :func:`lance_source` returns ``wrap(source)`` for every dataset opened (for
+    tests only; see the module docstring). Nested: the innermost ``wrap`` applies, the outer one
+    again once it ends."""
+    global _wrap
+    previous, _wrap = _wrap, wrap
+    try:
+        yield
+    finally:
+        _wrap = previous
+
+
+def lance_source(source: Any, how: SourceOptions) -> LanceSource:
+    """``LanceSource(source, how)``, or what the active :func:`_wrapping_sources` makes of it.
+
+    Raises:
+        Exception: the errors of :class:`~lance_prefetch.sources._lance.LanceSource`.
+    """
+    opened = LanceSource(source, how)
+    return opened if _wrap is None else _wrap(opened)
 
 
 def open_sources(source: Any, config: LoaderConfig) -> RowSource:
@@ -92,19 +134,19 @@ def open_source(
     how = config.source_options(dataset)
     if columns is not None:
         how = dataclasses.replace(how, columns=columns)
-    lance_source = LanceSource(dataset.uri, how)
-    check_schema(lance_source.schema)
-    if lance_source.num_rows == 0:
+    opened = lance_source(dataset.uri, how)
+    check_schema(opened.schema)
+    if opened.num_rows == 0:
         raise ValueError(
-            f"source: the dataset {lance_source.uri!r} has no rows at version "
-            f"{lance_source.version}; write data first or pick another version"
+            f"source: the dataset {opened.uri!r} has no rows at version "
+            f"{opened.version}; write data first or pick another version"
         )
-    subset = select(lance_source, config.filter, config.split)
+    subset = select(opened, config.filter, config.split)
     if subset is None:
-        return _cached(lance_source, config.cache)
+        return _cached(opened, config.cache)
     if isinstance(config.cache, options.MemoryCache):  # the selected rows only
-        return _cached(SubsetSource(lance_source, subset), config.cache)  # type: ignore[arg-type]
-    return SubsetSource(_cached(lance_source, config.cache), subset)
+        return _cached(SubsetSource(opened, subset), config.cache)  # type: ignore[arg-type]
+    return SubsetSource(_cached(opened, config.cache), subset)
 
 
 def _cached(

@@ -289,9 +289,17 @@ class LanceSource:
                 f"{self.num_rows}"
             )
 
-    def copy_to(self, path: str, *, stopping: threading.Event | None = None) -> None:
+    def copy_to(
+        self,
+        path: str,
+        *,
+        stopping: threading.Event | None = None,
+        scanned: Iterator[pa.RecordBatch] | None = None,
+    ) -> None:
         """Write :meth:`scan`'s rows to a new local Lance dataset at ``path`` (same offsets);
         once ``stopping`` is set, fail at the next record batch (the caller removes ``path``).
+        ``scanned``: the record batches of a :meth:`scan` of this source made by the caller (a
+        wrapper's own), instead of a scan of its own.
 
         Raises:
             OSError: ``path`` exists, or the disk is full.
@@ -300,7 +308,7 @@ class LanceSource:
         projection = self._projection  # paths back in their structs: Lance refuses "a.b" names
 
         def batches() -> Iterator[pa.RecordBatch]:
-            for batch in self.scan():
+            for batch in self.scan() if scanned is None else scanned:
                 if stopping is not None and stopping.is_set():
                     raise InterruptedError(f"the copy to {path!r} was stopped")
                 yield projection.nest(batch)

@@ -1,8 +1,9 @@
 """A training script whose take of batch 2 never returns in time, for tests/test_lifecycle.py.
 
-Usage: ``python stuck_take.py URI MODE``. ``LanceSource.take`` is replaced by a fake that builds the
-``id`` column from the offsets (``id`` = offset, as in the test datasets) without calling Lance, so
-no thread ever runs a Lance ``take`` here. With ``readahead=8, max_in_flight=4``, the take of the
+Usage: ``python stuck_take.py URI MODE``. The dataset's ``take`` is replaced (through
+:func:`support.sources.tapped`) by a fake that builds the ``id`` column from the offsets (``id`` =
+offset, as in the test datasets) without calling Lance, so no thread ever runs a Lance ``take``
+here. With ``readahead=8, max_in_flight=4``, the take of the
 epoch's batch 2 blocks for 60 s and those of batches 3, 4 and 5 for 3 s, so takes 6 and 7 are
 pending (waiting for an in-flight slot) when the loop lets go; closing must cancel them, so they
 never start, though slots free up while close() waits for the stuck take. MODE is how the
@@ -59,7 +60,7 @@ import pyarrow as pa  # noqa: E402
 
 from lance_prefetch import PrefetchLoader, ReadOptions  # noqa: E402
 from lance_prefetch.schedule._blocking import THREAD_NAME  # noqa: E402
-from lance_prefetch.sources._lance import LanceSource  # noqa: E402
+from support.sources import tapped  # noqa: E402
 
 
 def say(line: str) -> None:
@@ -96,24 +97,28 @@ def on_sigint(signum, frame):
 
 signal.signal(signal.SIGINT, on_sigint)
 
-loader = PrefetchLoader(
-    sys.argv[1], 10, columns=["id"], readahead=8, read=ReadOptions(max_in_flight=4, coalesce=1)
-)  # one take per batch: the takes of batches 2..5 are the ones held
+with tapped() as TAP:
+    loader = PrefetchLoader(
+        sys.argv[1], 10, columns=["id"], readahead=8, read=ReadOptions(max_in_flight=4, coalesce=1)
+    )  # one take per batch: the takes of batches 2..5 are the ones held
 PLAN = loader.epoch_plan()
 POSITION = {tuple(PLAN.batch(p).indices.tolist()): p for p in range(PLAN.batches_per_rank)}
 DELAYS = {2: 60.0, 3: 3.0, 4: 3.0, 5: 3.0}  # 2 is stuck; 3..5 are slow, then 6.. wait their turn
 started: list[int] = []
 RESULT["takes"] = started  # the batch positions whose take started, in order
+STUCK = threading.Event()  # set once the takes 2..5 all run
 
 
-def fake_take(self, indices):
+def fake_take(read, indices):
     position = POSITION[tuple(indices.tolist())]
     started.append(position)
+    if set(DELAYS) <= set(started):
+        STUCK.set()
     time.sleep(DELAYS.get(position, 0.0))  # 2: a read stuck in I/O; nothing can interrupt it
     return pa.table({"id": pa.array(indices, pa.int64())})
 
 
-LanceSource.take = fake_take
+TAP.take = fake_take
 threading.Thread(target=watch_loop_thread, name="watcher", daemon=True).start()
 mode = RESULT["mode"]
 delivered: list[list[int]] = []
@@ -122,8 +127,7 @@ RESULT["delivered"] = delivered
 
 def wait_for_the_stuck_take() -> None:
     """Until takes 2..5 run (every in-flight slot is taken; takes 6 and 7 wait for one)."""
-    while not set(DELAYS) <= set(started):
-        time.sleep(0.002)
+    STUCK.wait()
 
 
 def first_batch(iterator) -> None:
