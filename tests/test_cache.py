@@ -425,7 +425,7 @@ def test_every_source_implements_the_row_source_protocol_and_only_a_filled_memor
     all but a memory cache whose fill ended, which gathers exactly the rows ``take`` reads."""
     members = [name for name in vars(RowSource) if not name.startswith("_")]
     assert {"ready", "gather", "take", "cached_rows", "uri"} <= set(members)
-    disk = {"cache": "disk", "cache_dir": tmp_path / "c"}
+    disk = {"cache": DiskCache(dir=tmp_path / "c")}
     loaders = [
         PrefetchLoader(ids_1003, 10),
         PrefetchLoader(ids_1003, 10, filter="label < 3"),

@@ -286,7 +286,7 @@ def test_a_mixture_epoch_is_a_row_source_of_its_own_positions(tmp_path):
     its L positions, their bounds check) and nothing else: no attribute falls through."""
     first = write_shifted(tmp_path / "a.lance", 50, LOCAL)
     second = write_shifted(tmp_path / "b.lance", 30, 0)
-    mixture = PrefetchLoader([first, second], 4, weights=[1, 3])._source
+    mixture = PrefetchLoader(Mixture([first, second], weights=[1, 3]), 4)._source
     view = _multi.epoch_view(mixture, 2)
     assert (view.uri, view.version, view.columns) == (mixture.uri, mixture.version, mixture.columns)
     assert (view.schema, view.io, view.cached) == (mixture.schema, mixture.io, None)

@@ -124,6 +124,10 @@ class TappedSource:
     committed = property(lambda self: self.inner.committed)
     io = property(lambda self: self.inner.io)
     cached = property(lambda self: self.inner.cached)
+    ready = property(lambda self: self.inner.ready)
+
+    def gather(self, indices: np.ndarray) -> Any:
+        return self.inner.gather(indices)
 
     def cached_rows(self, indices: np.ndarray) -> int | None:
         return self.inner.cached_rows(indices)
