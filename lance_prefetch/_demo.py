@@ -18,9 +18,9 @@ import pyarrow.compute as pc
 import torch
 from torch import nn
 
-from lance_prefetch import ReadOptions
 from lance_prefetch.loader._loader import PrefetchLoader
 from lance_prefetch.loader._telemetry import LoaderStats
+from lance_prefetch.options import ReadOptions
 
 __all__ = ["EpochReport", "train", "write_digits"]
 
