@@ -193,7 +193,7 @@ class DiskCache(FillingCache):
                     if problem is None:  # made (or made again) by another process
                         return
                     warnings.warn(
-                        f"cache='disk': the copy {str(self.path)!r} of {self._source.uri!r} "
+                        f"DiskCache: the copy {str(self.path)!r} of {self._source.uri!r} "
                         f"version {self._source.version} is damaged: {problem}; filling it again",
                         RuntimeWarning,
                         stacklevel=5,
