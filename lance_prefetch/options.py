@@ -210,7 +210,7 @@ class ReadOptions:
             "max_buffer_bytes",
             check_int("max_buffer_bytes", self.max_buffer_bytes, minimum=1),
         )
-        _set(self, "io", check_choice("io", self.io, IO_CHOICES, explain=IO_CHOICES))
+        _set(self, "io", check_choice("io", self.io, tuple(IO_CHOICES), explain=IO_CHOICES))
         check_retry(self.retry)
         check_hedge(self.hedge)
 
