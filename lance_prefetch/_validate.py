@@ -287,8 +287,13 @@ def check_version(name: str, value: Any) -> int | str | None:
     """``value`` as a dataset version: ``None``, a version number ``>= 1`` or a tag (a str).
 
     Raises:
-        TypeError: neither an int nor a str. ValueError: a number below 1.
+        TypeError: neither an int nor a str. ValueError: a number below 1, or an empty tag.
     """
+    if isinstance(value, str) and not value:
+        raise ValueError(
+            f"{name} should be a version number >= 1 or a tag, but got {name}=''; pass None "
+            f"for the latest version"
+        )
     if value is None or isinstance(value, str):
         return value
     try:

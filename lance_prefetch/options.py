@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from lance_prefetch._validate import (
@@ -44,6 +44,7 @@ from lance_prefetch.plan.permutation import KINDS
 from lance_prefetch.schedule._hedging import HedgePolicy, check_hedge
 from lance_prefetch.schedule.retry import RetryPolicy
 from lance_prefetch.sources._options import IO_CHOICES
+from lance_prefetch.sources._storage import redact, redact_uri
 
 if TYPE_CHECKING:
     import lance
@@ -100,7 +101,7 @@ class Dataset:
 
     uri: str | os.PathLike[str] | lance.LanceDataset
     version: int | str | None = None
-    storage_options: Mapping[str, str] | None = None
+    storage_options: Mapping[str, str] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, (str, os.PathLike)) and not _is_lance_dataset(self.uri):
@@ -108,11 +109,22 @@ class Dataset:
                 f"Dataset: uri should be a dataset URI (str or os.PathLike) or a "
                 f"lance.LanceDataset, but got {type(self.uri).__name__}"
             )
+        if isinstance(self.uri, (str, os.PathLike)) and not os.fspath(self.uri):
+            raise ValueError("Dataset: uri should be a dataset URI or path, but got ''")
         _set(self, "version", check_version("version", self.version))
         _set(
             self,
             "storage_options",
             check_str_mapping("storage_options", self.storage_options),
+        )
+
+    def __repr__(self) -> str:
+        """The fields as given, with secret storage option values (keys, tokens, passwords) and
+        credentials in the URI hidden, as the loader prints them."""
+        uri = redact_uri(self.uri) if isinstance(self.uri, str) else self.uri
+        return (
+            f"Dataset(uri={uri!r}, version={self.version!r}, "
+            f"storage_options={redact(self.storage_options)!r})"
         )
 
 
@@ -153,8 +165,14 @@ class Mixture:
                 f"Mixture: datasets should list at least two datasets, but got {len(datasets)}; "
                 f"pass one dataset as source directly"
             )
+        if self.weights is None:
+            raise TypeError(
+                "Mixture: weights should be a list of numbers, one per dataset, but got None; "
+                "e.g. Mixture([uri_a, uri_b], weights=[0.7, 0.3]), or a plain list of datasets "
+                "to read them whole, one after the other"
+            )
         weights = check_weights(self.weights)
-        assert weights is not None  # None is refused above: a mixture has weights
+        assert weights is not None  # given (checked above)
         if len(weights) != len(datasets):
             raise ValueError(
                 f"Mixture: weights lists {len(weights)} values, but datasets lists "

@@ -14,6 +14,7 @@ from lance_prefetch import (
     DiskCache,
     HedgePolicy,
     MemoryCache,
+    Mixture,
     PrefetchLoader,
     ReadOptions,
     RetryPolicy,
@@ -200,3 +201,80 @@ def test_the_loader_shows_its_groups(ids_1003, tmp_path):
     assert loader.audit == Audit()
     assert PrefetchLoader(ids_1003, 10).cache is None
     assert PrefetchLoader(ids_1003, 10, cache="memory").cache == MemoryCache()
+
+
+def test_a_dataset_prints_its_secrets_hidden_wherever_it_is_shown(tmp_path):
+    secret = {"aws_secret_access_key": "hunter2", "aws_endpoint": "http://127.0.0.1:9000"}
+    dataset = Dataset("s3://bucket/d.lance", version=3, storage_options=secret)
+    assert repr(dataset) == (
+        "Dataset(uri='s3://bucket/d.lance', version=3, storage_options="
+        "{'aws_secret_access_key': '***', 'aws_endpoint': 'http://127.0.0.1:9000'})"
+    )
+    assert "hunter2" not in repr(Mixture([dataset, dataset], weights=[1, 1]))
+    with pytest.raises(TypeError) as info:  # a group where another is expected, echoed
+        PrefetchLoader(tmp_path / "missing.lance", 4, audit=dataset)
+    assert "hunter2" not in str(info.value) and "'***'" in str(info.value)
+    assert hash(dataset) == hash(Dataset("s3://bucket/d.lance", version=3))  # frozen, hashable
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (
+            lambda: Mixture(["a.lance", "b.lance"], weights=None),
+            TypeError,
+            "Mixture: weights should be a list of numbers, one per dataset, but got None; e.g. "
+            "Mixture([uri_a, uri_b], weights=[0.7, 0.3]), or a plain list of datasets to read "
+            "them whole, one after the other",
+        ),
+        (
+            lambda: Dataset("a.lance", version=""),
+            ValueError,
+            "version should be a version number >= 1 or a tag, but got version=''; pass None for "
+            "the latest version",
+        ),
+        (
+            lambda: Dataset(""),
+            ValueError,
+            "Dataset: uri should be a dataset URI or path, but got ''",
+        ),
+        (
+            lambda: PrefetchLoader("/nonexistent.lance", 4, device=True),
+            TypeError,
+            "device should be a str such as 'cuda' or 'cuda:1', an int or a torch.device, but got "
+            "bool",
+        ),
+        (
+            lambda: PrefetchLoader("/nonexistent.lance", 4, device=-1),
+            ValueError,
+            "device should be an accelerator index >= 0, but got device=-1; e.g. device=0 or "
+            "device='cuda:0'",
+        ),
+    ],
+)
+def test_more_wrong_arguments_are_refused_before_any_io(make, error, message):
+    with pytest.raises(error) as info:
+        make()
+    assert str(info.value) == message
+
+
+def test_a_wrong_rank_environment_is_named_as_the_environment(ids_25, monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError) as info:
+        PrefetchLoader(ids_25, 5, rank=0)
+    assert str(info.value).startswith(
+        "the environment variables RANK=5 and WORLD_SIZE=2 are not a rank of a world (Invalid "
+        "rank 5"
+    )
+    assert str(info.value).endswith("; fix them, or pass rank= and world_size= explicitly")
+    assert PrefetchLoader(ids_25, 5, rank=0, world_size=1).world_size == 1  # both given: kept
+
+
+def test_every_item_of_a_list_source_is_checked_before_any_is_opened(ids_25, tmp_path):
+    missing = str(tmp_path / "missing.lance")
+    with pytest.raises(TypeError, match=r"^source\[1\] should be a dataset URI"):
+        PrefetchLoader([missing, 5], 4)  # the missing path is never opened
+    with pytest.raises(FileNotFoundError) as info:
+        PrefetchLoader(Mixture([ids_25, missing], weights=[1, 1]), 4)
+    assert str(info.value).startswith(f"source[1]: no Lance dataset at {missing!r}")

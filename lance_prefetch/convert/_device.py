@@ -76,10 +76,17 @@ def check_placement(pin_memory: bool, device: str | torch.device | int | None) -
     """
     if not isinstance(pin_memory, bool):
         raise TypeError(f"pin_memory should be a bool, but got {type(pin_memory).__name__}")
-    if device is not None and not isinstance(device, (str, int, torch.device)):
+    if isinstance(device, bool) or (
+        device is not None and not isinstance(device, (str, int, torch.device))
+    ):
         raise TypeError(
             f"device should be a str such as 'cuda' or 'cuda:1', an int or a torch.device, "
             f"but got {type(device).__name__}"
+        )
+    if isinstance(device, int) and device < 0:
+        raise ValueError(
+            f"device should be an accelerator index >= 0, but got device={device}; e.g. "
+            f"device=0 or device='cuda:0'"
         )
     target = None
     if device is not None:

@@ -32,6 +32,7 @@ def loader_repr(loader: Any) -> str:
         f"coalesce={loader.coalesce}, "
         f"cache={_shown(loader.cache)}, drop_last={loader.drop_last}, "
         + ("shuffle=False, " if not loader.shuffle else "")
+        + ("" if config.audit is None else f"audit={_shown(config.audit)}, ")
         + ("" if config.filter is None else f"filter={config.filter!r}, ")
         + ("" if config.split is None else f"split={config.split!r}, ")
         + (f"weights={list(weights)}, " if (weights := _weights(loader._source)) else "")

@@ -68,10 +68,11 @@ def open_sources(source: Any, config: LoaderConfig) -> RowSource:
     own, and read with the first one's columns.
 
     Raises:
-        TypeError: ``source`` (or an item of it) is not a dataset.
+        TypeError: ``source`` (or an item of it) is not a dataset (every item is checked before
+            any is opened).
         ValueError: an empty list, a dataset without one of the first one's columns, or of
             another type (naming the dataset, the column and both types); the errors of
-            ``open_source``, each prefixed with ``source[i]``.
+            ``open_source``, its ``OSError`` errors included, each prefixed with ``source[i]``.
     """
     if isinstance(source, Mixture):
         datasets, weights = source.datasets, source.weights
@@ -81,15 +82,15 @@ def open_sources(source: Any, config: LoaderConfig) -> RowSource:
         return open_source(source, config)
     if not datasets:
         raise ValueError("source is an empty list; give one or more dataset URIs")
+    datasets = tuple(as_dataset(d, name=f"source[{i}]") for i, d in enumerate(datasets))
     opened: list[RowSource] = []
     for i, dataset in enumerate(datasets):
-        dataset = as_dataset(dataset, name=f"source[{i}]")
         try:
             opened.append(
                 open_source(dataset, config, columns=opened[0].columns if opened else None)
             )
-        except (ValueError, TypeError) as exc:
-            raise type(exc)(f"source[{i}]: {exc}") from exc
+        except (ValueError, TypeError, OSError) as exc:
+            raise type(exc)(f"source[{i}]: {str(exc).removeprefix('source: ')}") from exc
         if i:
             check_compatible(opened[0], opened[i], i)
     concat = ConcatSource(opened)

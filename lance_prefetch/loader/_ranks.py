@@ -44,7 +44,15 @@ def detect_ranks() -> tuple[int, int] | None:
         return None
     if not (has_rank and has_world):
         raise _HalfSet
-    return check_rank(_env_int("RANK"), _env_int("WORLD_SIZE"))
+    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
+    try:
+        return check_rank(rank, world_size)
+    except ValueError as exc:
+        raise ValueError(
+            f"the environment variables RANK={os.environ['RANK']} and "
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} are not a rank of a world ({exc}); fix "
+            f"them, or pass rank= and world_size= explicitly"
+        ) from None
 
 
 class Ranks:
