@@ -111,9 +111,10 @@ def test_the_first_epoch_is_read_while_the_disk_copy_is_made(ids_1003, tmp_path)
     """The copy is made in the background, not inside a (timed, retried) take: while its scan
     stalls, far longer than the per-take timeout, the whole first epoch is read from the dataset
     (exact, no hit); once the copy is open every take is a hit, from the copy only."""
-    stall = threading.Event()
+    stall, scanning = threading.Event(), threading.Event()
 
     def stalling_scan(read, **options):
+        scanning.set()
         assert stall.wait(30)
         yield from read(**options)
 
@@ -126,7 +127,8 @@ def test_the_first_epoch_is_read_while_the_disk_copy_is_made(ids_1003, tmp_path)
         )
     assert batch_ids(loader) == expected_rank_ids(loader)
     assert not loader._source.cached and loader.stats().cache_hit_ratio == 0.0
-    time.sleep(0.3)  # the fill still waits, past the per-take timeout
+    assert scanning.wait(5)  # the fill's scan has begun and stalls
+    time.sleep(0.3)  # it stalls on, past the per-take timeout (the stall being simulated)
     stall.set()
     loader._source.fill()
     tap.take = refuse_takes  # from here a take of the dataset fails the test

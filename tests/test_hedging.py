@@ -31,6 +31,7 @@ class Stalling:
         self.stall, self.delay = stall, delay
         self.calls: Counter[int] = Counter()
         self.release = threading.Event()
+        self.stalled = threading.Event()  # set as the first stalled call begins
         self.late: list[int] = []  # stalled calls that returned, after release
         self._lock = threading.Lock()
 
@@ -39,6 +40,7 @@ class Stalling:
             self.calls[item] += 1
             first = self.calls[item] == 1
         if first and item in self.stall:
+            self.stalled.set()
             self.release.wait(10.0)
             self.late.append(item)
         else:
@@ -86,7 +88,8 @@ def test_no_hedge_before_min_samples_and_none_without_a_policy():
     fetch = Stalling(stall={2})
     iterator, prefetcher, _ = run_prefetcher(fetch, range(4), hedge=EAGER)
     assert next(iterator) == 0 and next(iterator) == 10
-    time.sleep(0.3)  # item 2 stalls; only 2 durations are known (5 needed): no hedge
+    assert fetch.stalled.wait(5)  # item 2 stalls; only 2 durations are known (5 needed)
+    time.sleep(0.3)  # 10x the hedge delay EAGER would use: no hedge comes in this window
     assert prefetcher.statistics().hedges == 0 and fetch.calls[2] == 1
     fetch.release.set()
     assert list(iterator) == [20, 30]

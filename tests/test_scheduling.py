@@ -334,14 +334,16 @@ def test_a_producer_cancelled_while_handing_out_an_item_finishes_every_slot():
 
 def test_more_fetches_in_flight_than_anyios_default_thread_limit():
     """max_in_flight=64 runs 64 fetches at once: the prefetcher's limiter bounds them, not
-    anyio's default limiter of 40 worker threads."""
+    anyio's default limiter of 40 worker threads: each fetch waits until 64 are running (a
+    limit below 64 breaks the barrier)."""
     active, peak, lock = [0], [0], threading.Lock()
+    all_running = threading.Barrier(64)
 
     def fetch(item):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
-        time.sleep(0.2)
+        all_running.wait(timeout=10)
         with lock:
             active[0] -= 1
         return item

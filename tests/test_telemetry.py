@@ -186,22 +186,32 @@ def test_waiting_is_measured_in_next(ids_1003):
 
 
 def test_a_stalled_loop_shows_as_waiting_while_it_waits(ids_1003):
-    """A transform of 1 s: asked from another thread during the first next(), stats() says the
-    loop has been waiting all along (not 0% until the batch arrives)."""
+    """A transform of 0.6 s: asked from another thread during the first next() (after the
+    transform's work, before it returns), stats() says the loop has been waiting all along
+    (not 0% until the batch arrives)."""
+    worked, sampled = threading.Event(), threading.Event()
 
     def slow(batch):
-        time.sleep(1.0)
+        time.sleep(0.6)  # the transform's work
+        worked.set()
+        assert sampled.wait(10)  # the batch is not handed over before stats() is asked
         return batch
 
     loader = PrefetchLoader(
         ids_1003, 100, columns=["id"], transform=slow, read=ReadOptions(max_in_flight=1)
     )
     seen = []
-    timer = threading.Timer(0.6, lambda: seen.append(loader.stats()))
+
+    def sample():
+        if worked.wait(10):
+            seen.append(loader.stats())
+        sampled.set()
+
+    sampler = threading.Thread(target=sample)
     iterator = iter(loader)
-    timer.start()
+    sampler.start()
     next(iterator)
-    timer.join()
+    sampler.join(10)
     iterator.close()
     (stats,) = seen
     assert stats.batches == 0 and stats.wait_fraction_total > 0.8 and stats.wait_fraction > 0.8

@@ -364,18 +364,17 @@ def test_the_bytes_a_take_holds_while_read_count_against_max_buffer_bytes():
 
 
 def test_resize_refuses_a_readahead_below_an_item():
-    gate = threading.Event()
+    gate, fetching = threading.Event(), threading.Event()
+
+    def fetch(item):
+        fetching.set()  # an item of size 3 is held from here
+        return gate.wait(5)
+
     iterator = BlockingPrefetcher(
-        Prefetcher(
-            iter(range(10)),
-            lambda item: gate.wait(5),
-            readahead=6,
-            max_in_flight=2,
-            size=lambda i: 3,
-        )
+        Prefetcher(iter(range(10)), fetch, readahead=6, max_in_flight=2, size=lambda i: 3)
     )
     try:
-        time.sleep(0.1)
+        assert fetching.wait(5)
         with pytest.raises(ValueError, match="readahead should stay >= the largest item's size"):
             iterator.resize(2, 1)
     finally:
