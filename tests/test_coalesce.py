@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -420,15 +419,18 @@ def test_closing_mid_group_drops_the_rest(ids_1003):
 
 def test_groups_run_concurrently(ids_1003):
     """max_in_flight counts takes: with coalesce=2, readahead=8, max_in_flight=4, four takes of
-    two batches each run at once."""
+    two batches each run at once: the first takes wait until four are running (at most 5 s)."""
     running, most = [0], [0]
-    lock = threading.Lock()
+    lock, four = threading.Lock(), threading.Event()
 
     def take(read, indices):
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.05)
+            if running[0] == 4:
+                four.set()
+        four.wait(5)
+        four.set()  # fewer ran at once: the assertion below says so, the other takes go on
         with lock:
             running[0] -= 1
         return read(indices)
@@ -497,20 +499,24 @@ def test_closing_stops_the_transforms_of_a_group_being_converted(ids_1003):
         read=ReadOptions(coalesce=4, max_in_flight=1),
     )
     expected = expected_rank_ids(loader)
-    closed, transformed = threading.Event(), []
+    closed, gated, transformed = threading.Event(), threading.Event(), []
 
     def gate(batch):
         position = expected.index(batch["id"].tolist())
         transformed.append(position)
         if position == 4:
+            gated.set()
             assert closed.wait(30)
         return batch
 
+    before = set(threading.enumerate())
     iterator = iter(loader)
     assert batch_ids([next(iterator) for _ in range(3)]) == expected[:3]
-    assert wait_until(lambda: 4 in transformed)
+    assert gated.wait(5)
     iterator.close(wait=False)
     closed.set()
     assert wait_until(lambda: not loop_threads())
-    time.sleep(0.2)  # a transform of batch 5 would have run by now
+    for thread in set(threading.enumerate()) - before:  # every thread the iteration started:
+        thread.join(10)  # its takes and transforms; none can run batch 5's transform after
+        assert not thread.is_alive(), thread
     assert sorted(transformed) == [0, 1, 2, 3, 4]
