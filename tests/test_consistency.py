@@ -57,22 +57,30 @@ class HeldTakes:
 
     def __init__(self, tap: Tap, free: list[int]) -> None:
         self.released = threading.Event()
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self.waiting = 0
 
         def take(read, indices: np.ndarray):
             if indices.tolist() != free and not self.released.is_set():
-                with self._lock:
-                    self.waiting += 1
+                self._count(1)
                 try:
                     if not self.released.wait(GATE_TIMEOUT_S):
                         raise TimeoutError("the test never released the held takes")
                 finally:
-                    with self._lock:
-                        self.waiting -= 1
+                    self._count(-1)
             return read(indices)
 
         tap.take = take
+
+    def _count(self, change: int) -> None:
+        with self._changed:
+            self.waiting += change
+            self._changed.notify_all()
+
+    def wait_for_held(self, count: int, timeout: float = 30.0) -> bool:
+        """Whether exactly ``count`` takes are held, waiting up to ``timeout`` seconds for it."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.waiting == count, timeout)
 
     def release(self) -> None:
         self.released.set()
@@ -141,7 +149,7 @@ def read_with_write_mid_epoch(loader: PrefetchLoader, tap: Tap, write_now) -> li
     gate = HeldTakes(tap, free=expected_rank_ids(loader)[0])
     iterator = iter(loader)
     first = next(iterator)
-    assert wait_until(lambda: gate.waiting == 2, timeout=30)
+    assert gate.wait_for_held(2)
     assert wait_until(lambda: iterator.statistics().held == 6, timeout=30)
     write_now()
     gate.release()
@@ -218,7 +226,7 @@ def test_a_writer_looping_through_the_epoch_changes_nothing(make_loader, fresh_i
         read=ReadOptions(max_in_flight=4),
     )
     expected = expected_rank_ids(loader)
-    stop = threading.Event()
+    stop, changed = threading.Event(), threading.Condition()
     committed: list[str] = []
     errors: list[BaseException] = []
 
@@ -228,9 +236,13 @@ def test_a_writer_looping_through_the_epoch_changes_nothing(make_loader, fresh_i
             while not stop.is_set() and len(committed) < 40:
                 operation = cycle[len(committed) % len(cycle)]
                 write(uri, operation)
-                committed.append(operation)
+                with changed:
+                    committed.append(operation)
+                    changed.notify_all()
         except BaseException as exc:
-            errors.append(exc)
+            with changed:
+                errors.append(exc)
+                changed.notify_all()
 
     writer = threading.Thread(target=loop, name="test-writer")
     writer.start()
@@ -240,7 +252,10 @@ def test_a_writer_looping_through_the_epoch_changes_nothing(make_loader, fresh_i
             batches.append(batch)
             if number % 25 == 0:
                 target = number // 25 + 1
-                assert wait_until(lambda t=target: len(committed) >= t or errors, timeout=30)
+                with changed:
+                    assert changed.wait_for(
+                        lambda t=target: len(committed) >= t or errors, timeout=30
+                    )
     finally:
         stop.set()
         writer.join(60)
@@ -386,7 +401,7 @@ def test_removing_the_pinned_version_mid_epoch_is_an_error_not_other_rows(fresh_
     gate = HeldTakes(tap, free=expected[0])
     iterator = iter(loader)
     first = next(iterator)
-    assert wait_until(lambda: gate.waiting == 4, timeout=30)
+    assert gate.wait_for_held(4)
     in_thread(lambda: [write(uri, op) for op in ("compact", "cleanup")])
     latest = lance.dataset(uri).version
     assert [v["version"] for v in lance.dataset(uri).versions()] == [latest]  # only the latest
