@@ -28,7 +28,7 @@ class FakeFetch:
     def __init__(self, delays=None, fail=None):
         self.delays = delays or {}
         self.fail = fail
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()  # notified as each fetch starts and ends
         self.started = 0
         self.prefetcher = None  # set to read how many items the consumer received
         self.running = 0
@@ -42,6 +42,7 @@ class FakeFetch:
             received = 0 if self.prefetcher is None else self.prefetcher.statistics().received
             self.max_held = max(self.max_held, self.started - received)
             self.max_running = max(self.max_running, self.running)
+            self.lock.notify_all()
         try:
             time.sleep(self.delays.get(item, 0.0))
             if item == self.fail:
@@ -50,6 +51,12 @@ class FakeFetch:
         finally:
             with self.lock:
                 self.running -= 1
+                self.lock.notify_all()
+
+    def wait_for(self, predicate, timeout: float = 5.0) -> bool:
+        """Whether ``predicate()`` (read under the lock) holds, waiting up to ``timeout`` s."""
+        with self.lock:
+            return self.lock.wait_for(predicate, timeout)
 
     def consume(self, iterator):
         """Drain ``iterator``; held counts use its own received count, taken before a slot frees."""
@@ -147,7 +154,7 @@ def test_close_waits_at_most_close_wait_s_for_a_stuck_fetch_then_leaves_it_to_th
     )
     iterator = BlockingPrefetcher(prefetcher, close_wait_s=0.3)
     assert next(iterator) == 0
-    assert wait_until(lambda: fetch.running == 1 and fetch.started >= 2)  # item 1 is stuck
+    assert fetch.wait_for(lambda: fetch.running == 1 and fetch.started >= 2)  # item 1 is stuck
     caplog.set_level(logging.DEBUG, logger="lance_prefetch.scheduling")
     before = time.monotonic()
     iterator.close()
@@ -184,12 +191,21 @@ def test_garbage_collection_after_break_stops_the_thread():
 
 
 def test_close_from_another_thread_ends_a_waiting_consumer():
+    """Item 0's fetch takes 5 s; once it has started, another thread closes: the consumer's
+    wait ends at once, with nothing received."""
     fetch = FakeFetch(delays={0: 5.0})
     iterator = BlockingPrefetcher(Prefetcher(range(5), fetch, readahead=2, max_in_flight=1))
-    threading.Timer(0.2, iterator.close).start()
+
+    def close_once_reading():
+        if fetch.wait_for(lambda: fetch.started == 1):
+            iterator.close()
+
+    closer = threading.Thread(target=close_once_reading)
     before = time.monotonic()
+    closer.start()
     assert list(iterator) == []
-    assert time.monotonic() - before < 2.0
+    assert time.monotonic() - before < 2.0  # not the 5 s of the fetch
+    closer.join(5)
 
 
 def test_a_close_from_another_thread_is_not_the_end_of_the_plan():
