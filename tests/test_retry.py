@@ -45,7 +45,7 @@ class Flaky:
         self.error = error
         self.delay = delay
         self.attempts: Counter[int] = Counter()
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()  # notified as each attempt starts
         self.iterator = None
         self.max_held = 0
 
@@ -56,10 +56,16 @@ class Flaky:
             if self.iterator is not None:
                 stats = self.iterator._prefetcher.statistics()
                 self.max_held = max(self.max_held, stats.held)
+            self.lock.notify_all()
         time.sleep(self.delay)
         if attempt <= self.failures.get(item, 0):
             raise self.error()
         return item * 10
+
+    def wait_for(self, predicate, timeout: float = 5.0) -> bool:
+        """Whether ``predicate()`` (read under the lock) holds, waiting up to ``timeout`` s."""
+        with self.lock:
+            return self.lock.wait_for(predicate, timeout)
 
 
 def test_transient_failures_are_retried_and_every_item_arrives_once_in_order():
@@ -264,7 +270,7 @@ def test_close_during_backoff_ends_promptly():
         Prefetcher(range(4), fetch, readahead=2, max_in_flight=1, retry=policy)
     )
     assert next(iterator) == 0
-    assert wait_until(lambda: fetch.attempts[1] >= 1)
+    assert fetch.wait_for(lambda: fetch.attempts[1] >= 1)
     started = time.monotonic()
     iterator.close()
     assert time.monotonic() - started < 1.0
@@ -418,7 +424,7 @@ def blocked_on_retry_on(items):
         )
     )
     assert [next(iterator), next(iterator)] == [0, 10]
-    assert wait_until(lambda: set(fetch.attempts) == set(range(10)), timeout=3.0)
+    assert fetch.wait_for(lambda: set(fetch.attempts) == set(range(10)), timeout=3.0)
     return iterator, fetch, release
 
 

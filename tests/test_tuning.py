@@ -410,25 +410,26 @@ def test_max_buffer_bytes_is_checked():
 def test_a_running_prefetcher_grows_and_shrinks():
     """Items block until released: with readahead 2 two are held; resized to 6, six; resized to
     3, no new item starts until fewer than 3 are held."""
-    gate = threading.Event()
+    gate, changed = threading.Event(), threading.Condition()
     started = []
 
     def fetch(item):
-        started.append(item)
+        with changed:
+            started.append(item)
+            changed.notify_all()
         gate.wait(10)
         return item
 
     iterator = BlockingPrefetcher(Prefetcher(iter(range(100)), fetch, readahead=2, max_in_flight=2))
     try:
-        assert wait_until(lambda: len(started) == 2)  # both slots taken: the producer waits
+        with changed:  # both slots taken: the producer waits
+            assert changed.wait_for(lambda: len(started) == 2, timeout=5)
         assert iterator.statistics().held == 2
         iterator.resize(6, 6)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            statistics = iterator.statistics()
-            if (statistics.held, statistics.in_flight) == (6, 6):
-                break
-            time.sleep(0.01)
+        assert wait_until(
+            lambda: (iterator.statistics().held, iterator.statistics().in_flight) == (6, 6)
+        )
+        statistics = iterator.statistics()
         assert (statistics.held, statistics.in_flight, statistics.readahead) == (6, 6, 6)
         iterator.resize(3, 1)
         gate.set()
