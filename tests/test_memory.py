@@ -82,7 +82,7 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
     the loader holds, the new take included.
     """
     readahead, max_in_flight = 4, 2
-    lock = threading.Lock()
+    lock = threading.Condition()  # (an RLock inside) notified as a take starts or a batch finishes
     count = {"started": 0, "running": 0, "consumed": 0, "handing_over": 0}
     finished: set[int] = set()
     held_at_take_start: list[int] = []
@@ -93,6 +93,7 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
     def mark_finished(batch):
         with lock:
             finished.add(position_of[tuple(batch["id"].tolist())])
+            lock.notify_all()
         return batch
 
     with tapped() as tap:
@@ -118,12 +119,12 @@ def test_takes_in_flight_plus_unconsumed_batches_never_exceed_readahead(ids_1003
             count["running"] += 1
             held_at_take_start.append(count["started"] - count["consumed"] - count["handing_over"])
             running_at_take_start.append(count["running"])
+            lock.notify_all()
         try:
             if position_of[tuple(indices.tolist())] == 2:
-                deadline = time.monotonic() + 10
-                while not filled() and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                time.sleep(0.5)
+                with lock:
+                    lock.wait_for(filled, timeout=10)
+                time.sleep(0.5)  # the window in which no other take may start
             return read(indices)
         finally:
             with lock:
