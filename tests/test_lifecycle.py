@@ -88,11 +88,12 @@ SCRIPT = textwrap.dedent(
             loader = PrefetchLoader(sys.argv[1], 512, readahead=8, read=read)
         slow = loader.epoch_plan().batch(2).indices.tolist()
         every_row = np.arange(loader.num_rows)
-        attempts = []
+        attempts, in_lance = [], threading.Event()
 
         def busy_take(read, indices):  # a first attempt that stays in Lance for 60 s, as a read
             if indices.tolist() == slow and not attempts:  # from a stalled store does
                 attempts.append(1)
+                in_lance.set()
                 end = time.monotonic() + 60
                 while time.monotonic() < end:
                     read(every_row)  # long calls: the thread is nearly always in Lance
@@ -102,7 +103,7 @@ SCRIPT = textwrap.dedent(
         if how == "timeout":
             print("batches:", sum(1 for _ in loader), flush=True)  # the whole epoch
         for batch in loader if how != "timeout" else ():
-            time.sleep(0.3)  # the take of batch 2 runs
+            assert in_lance.wait(30)  # the take of batch 2 runs, in Lance
             if how == "raise":
                 raise ValueError("the training step failed")
             if how == "sigint":
