@@ -19,6 +19,8 @@ psutil = pytest.importorskip("psutil")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
+from support.helpers import wait_until  # noqa: E402
+
 from lance_prefetch import _cli as cli  # noqa: E402
 from lance_prefetch.plan.sampling import EpochPlan  # noqa: E402
 from lance_prefetch_bench import _cli as bench_cli  # noqa: E402
@@ -126,22 +128,27 @@ def test_missing_nginx_says_how_to_install_it(monkeypatch):
         local_s3.find_rclone()
 
 
+def _running(pids: list[int]) -> list[int]:
+    """The processes of ``pids`` still running (a zombie, ended but not yet reaped, is not)."""
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
 def test_managed_process_stops_its_whole_group():
     """SIGTERM reaches the process and what it started; nothing is left."""
     process = ManagedProcess(["sh", "-c", "sleep 60 & sleep 60 & wait"], name="sleepers")
-    deadline = time.monotonic() + 5
-    while len(psutil.Process(process.pid).children()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert wait_until(lambda: len(psutil.Process(process.pid).children()) == 2)
     children = [child.pid for child in psutil.Process(process.pid).children()]
     assert len(children) == 2
     process.stop()
     process.stop()  # idempotent
-    time.sleep(0.1)
-    assert not [
-        pid
-        for pid in [process.pid, *children]
-        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    ]
+    assert wait_until(lambda: not _running([process.pid, *children]))
 
 
 # -- configuration and the command line ------------------------------------------------------------
@@ -545,12 +552,7 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
         "emulated S3: best lance-prefetch >= 4x sequential rows/s"
     }
     pids = storage["servers"]["pids"] + [c["pid"] for c in data["contenders"]]
-    time.sleep(0.2)
-    assert not [
-        pid
-        for pid in pids
-        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    ]
+    assert wait_until(lambda: not _running(pids)), _running(pids)
     assert not set(storage["servers"]["ports"]) & _listening_ports()
     assert _processes_mentioning(str(temp)) == []
     assert list(temp.iterdir()) == []  # temporary folders removed
@@ -605,8 +607,7 @@ def test_ctrl_c_stops_everything(tmp_path, need_nginx):
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == "interrupted"
-    time.sleep(0.2)
-    assert _processes_mentioning(str(temp)) == []
+    assert wait_until(lambda: _processes_mentioning(str(temp)) == [])
     assert list(temp.iterdir()) == []
 
 
