@@ -306,7 +306,7 @@ def test_close_while_the_hedged_take_is_still_stuck_returns_promptly_and_leaves_
 def test_a_take_that_loses_to_one_still_converting_waits_for_its_result():
     """Item 8's take returns as its hedge starts and converts slowly; the hedge returns meanwhile
     and finds the item claimed: the item still arrives (not a closed slot)."""
-    hedge_started = threading.Event()
+    hedge_started, converting = threading.Event(), threading.Event()
     calls: Counter[int] = Counter()
 
     def fetch(item):
@@ -315,14 +315,15 @@ def test_a_take_that_loses_to_one_still_converting_waits_for_its_result():
             hedge_started.wait(5.0)  # late until its hedge starts, then back at once
         elif item == 8:
             hedge_started.set()
-            time.sleep(0.05)  # back while the take's rows are still converting
+            converting.wait(5.0)  # back once the take's rows are converting
         else:
             time.sleep(0.01)
         return item * 10
 
     def process(item, value):
         if item == 8:
-            time.sleep(0.3)
+            converting.set()
+            time.sleep(0.3)  # a slow conversion: the hedge returns during it
         return value
 
     prefetcher = Prefetcher(
