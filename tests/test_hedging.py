@@ -33,7 +33,12 @@ class Stalling:
         self.release = threading.Event()
         self.stalled = threading.Event()  # set as the first stalled call begins
         self.late: list[int] = []  # stalled calls that returned, after release
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified as a stalled call returns
+
+    def wait_for_late(self, items: list[int], timeout: float = 5.0) -> bool:
+        """Whether the stalled calls of exactly ``items`` returned, waiting up to ``timeout`` s."""
+        with self._lock:
+            return self._lock.wait_for(lambda: sorted(self.late) == items, timeout)
 
     def __call__(self, item: int) -> int:
         with self._lock:
@@ -42,7 +47,9 @@ class Stalling:
         if first and item in self.stall:
             self.stalled.set()
             self.release.wait(10.0)
-            self.late.append(item)
+            with self._lock:
+                self.late.append(item)
+                self._lock.notify_all()
         else:
             time.sleep(self.delay)
         return item * 10
@@ -77,7 +84,7 @@ def test_a_stalled_fetch_is_hedged_the_hedge_wins_and_the_late_result_is_dropped
     assert 2 <= statistics.hedges <= 30  # a quick fetch may be hedged too; budget=1
     assert fetch.calls[12] == 2 and fetch.calls[25] == 2
     fetch.release.set()  # the stalled takes return now: their results must go nowhere
-    assert wait_until(lambda: sorted(fetch.late) == [12, 25])
+    assert fetch.wait_for_late([12, 25])
     iterator.close()
     assert processed == Counter(range(30))  # the losers were never converted
     assert not loop_threads()
