@@ -68,7 +68,7 @@ def both(uri, **kwargs):
 
 
 # -- not a Lance dataset ---------------------------------------------------------------------------
-# (also test_dataset.py::test_errors_that_need_the_dataset, test_source.py::test_missing_dataset and
+# (also test_loader.py::test_errors_that_need_the_dataset, test_source.py::test_missing_dataset and
 # ::test_directory_that_is_not_a_dataset; here: the time bound and LanceMapDataset)
 
 
@@ -164,7 +164,7 @@ def test_wrong_s3_secret_fails_the_map_dataset_too(s3, s3_ids_503):
 
 
 # -- empty datasets --------------------------------------------------------------------------------
-# (all rows deleted, PrefetchLoader: test_dataset.py::test_errors_that_need_the_dataset)
+# (all rows deleted, PrefetchLoader: test_loader.py::test_errors_that_need_the_dataset)
 
 
 @pytest.fixture
@@ -523,7 +523,7 @@ def test_nulls_without_a_value_fail_only_the_batch_that_holds_one(with_nulls, co
 
 # -- integers: wrong types -------------------------------------------------------------------------
 # (batch_size=1.5 and 0, seed=-3, readahead=0, ...:
-# test_dataset.py::test_bad_arguments_are_refused_before_any_io)
+# test_loader.py::test_bad_arguments_are_refused_before_any_io)
 
 
 def _int_cases():

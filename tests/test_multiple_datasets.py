@@ -1,5 +1,5 @@
 """Several datasets as one: a list ``source`` read as the concatenation (one local dataset and one
-on the test S3 server, each with its own storage options), and a weighted mixture (``weights=``).
+on the test S3 server, each with its own storage options), and a weighted mixture (``Mixture(..., weights=...)``).
 Every guarantee of one dataset holds over the whole: every (dataset, id) once an epoch, ranks,
 resume and elastic resume, the state naming every dataset and version.
 
