@@ -1,7 +1,8 @@
 """Several datasets as one: a list ``source`` read as the concatenation (one local dataset and one
 on the test S3 server, each with its own storage options), and a weighted mixture
-(``Mixture(..., weights=...)``). Every guarantee of one dataset holds over the whole: every (dataset, id) once an epoch, ranks,
-resume and elastic resume, the state naming every dataset and version.
+(``Mixture(..., weights=...)``). Every guarantee of one dataset holds over the whole: every
+(dataset, id) once an epoch, ranks, resume and elastic resume, the state naming every dataset and
+version.
 
 The local dataset's ids are ``LOCAL + position`` and the S3 dataset's ids its positions, so an id
 names its dataset: global position ``p`` is local row ``p`` below ``LOCAL_ROWS``, else S3 row
