@@ -451,8 +451,8 @@ def gone_message(uri: str, version: int) -> str:
         rf"not found\): were old versions cleaned up \(cleanup_old_versions\) after a newer version "
         rf"was written, or the files deleted, while the loader read version {version}\? Rows of "
         rf"another version are never read instead\. Tag the version you train on "
-        rf"\(dataset\.tags\.create\(name, version\)\) and pass Dataset\(uri, version=name\), so that cleanup "
-        rf"keeps it, or build the loader again on the latest version"
+        rf"\(dataset\.tags\.create\(name, version\)\) and pass Dataset\(uri, version=name\), so "
+        rf"that cleanup keeps it, or build the loader again on the latest version"
     )
 
 

@@ -276,7 +276,8 @@ def test_a_read_of_files_that_are_gone_names_the_version_the_cause_and_the_fix(m
         "versions cleaned up (cleanup_old_versions) after a newer version was written, or the "
         "files deleted, while the loader read version 7? Rows of another version are never read "
         "instead. Tag the version you train on (dataset.tags.create(name, version)) and pass "
-        "version=name, so that cleanup keeps it, or build the loader again on the latest version"
+        "Dataset(uri, version=name), so that cleanup keeps it, or build the loader again on the "
+        "latest version"
     )
 
 

@@ -269,8 +269,9 @@ def explain_open_error(
         return FileNotFoundError(
             f"source: version {version} of {uri!r} is gone (its manifest was removed, e.g. by "
             f"cleanup_old_versions) while the loader was pinned to it; tag the version you "
-            f"train on (dataset.tags.create(name, version)) and pass Dataset(uri, version=name), so that "
-            f"cleanup keeps it, or build the loader again on the latest version"
+            f"train on (dataset.tags.create(name, version)) and pass Dataset(uri, "
+            f"version=name), so that cleanup keeps it, or build the loader again on the latest "
+            f"version"
         )
     if "not found" in lowered or "not a directory" in lowered:
         return FileNotFoundError(
@@ -317,8 +318,8 @@ def explain_missing_files(exc: BaseException, uri: str, version: int) -> FileNot
         f"was not found): were old versions cleaned up (cleanup_old_versions) after a newer version "
         f"was written, or the files deleted, while the loader read version {version}? Rows of "
         f"another version are never read instead. Tag the version you train on "
-        f"(dataset.tags.create(name, version)) and pass Dataset(uri, version=name), so that cleanup keeps it, "
-        f"or build the loader again on the latest version"
+        f"(dataset.tags.create(name, version)) and pass Dataset(uri, version=name), so that "
+        f"cleanup keeps it, or build the loader again on the latest version"
     )
 
 
