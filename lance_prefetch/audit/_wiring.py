@@ -1,11 +1,12 @@
-"""The coverage audit's wiring (``PrefetchLoader(audit=True)`` or ``audit=Audit(dir=...)``): :class:`EpochAudit` records every
-batch an iteration hands out and, at the epoch's end, brings the records of every rank and
-DataLoader worker together and checks them (:mod:`lance_prefetch.audit._coverage`).
+"""The coverage audit's wiring (``PrefetchLoader(audit=True)`` or ``audit=Audit(dir=...)``):
+:class:`EpochAudit` records every batch an iteration hands out and, at the epoch's end, brings
+the records of every rank and DataLoader worker together and checks them
+(:mod:`lance_prefetch.audit._coverage`).
 
 How records meet (:func:`choose_exchange`, decided when an iteration begins):
 
-1. An audit folder (``Audit(dir=...)``, below ``audit_dir``) given: the folder. Records are named by what does not decide rows, so the
-   records of one run meet whatever they read: ``iteration<n>-rank<r>of<W>-worker<w>of<K>.npz``,
+1. An audit folder (``Audit(dir=...)``, below ``audit_dir``) given: the folder. Records are
+   named by what does not decide rows, so the records of one run meet whatever they read: ``iteration<n>-rank<r>of<W>-worker<w>of<K>.npz``,
    ``n`` numbering the iterations each rank began over this folder (the ledger
    ``rank<r>.iterations``, one line per iteration: the loader's token and the iteration's
    identity, which its DataLoader workers share), so every rank's ``n``-th iteration meets the
