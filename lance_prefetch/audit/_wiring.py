@@ -6,8 +6,8 @@ the records of every rank and DataLoader worker together and checks them
 How records meet (:func:`choose_exchange`, decided when an iteration begins):
 
 1. An audit folder (``Audit(dir=...)``, below ``audit_dir``) given: the folder. Records are
-   named by what does not decide rows, so the records of one run meet whatever they read: ``iteration<n>-rank<r>of<W>-worker<w>of<K>.npz``,
-   ``n`` numbering the iterations each rank began over this folder (the ledger
+   named by what does not decide rows, so the records of one run meet whatever they read:
+   ``iteration<n>-rank<r>of<W>-worker<w>of<K>.npz``, ``n`` numbering the iterations each rank began over this folder (the ledger
    ``rank<r>.iterations``, one line per iteration: the loader's token and the iteration's
    identity, which its DataLoader workers share), so every rank's ``n``-th iteration meets the
    others' ``n``-th. What decides the rows (dataset, version, seed, epoch, start, batch size,
