@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import ray
@@ -77,9 +78,29 @@ def train_loop(config: dict) -> None:
             if step % config["checkpoint_every"] == 0 or step == config.get("stop_after"):
                 report(loader, model, optimizer, step, rank, loss.item())
             if step == config.get("stop_after") and not checkpoint:
+                wait_for_reports()  # so that the restart finds this step's checkpoint
                 raise RuntimeError(f"a stand-in failure at step {step}")  # Ray Train restarts
     if record:
         record.close()
+
+
+def wait_for_reports(timeout: float = 60.0) -> None:
+    """Wait until Ray Train's controller has taken the reports of every worker (at most
+    ``timeout`` seconds). Ray Train polls each worker for one report at a time, every few
+    seconds, and a failure polled before the last reports would restart the run from an older
+    checkpoint: the stand-in failure waits, as a real one would come after the reports were
+    taken. Reads Ray Train's worker-side report queue, whose place is internal; without it, it
+    waits ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        reports = get_train_context().execution_context.result_queue
+    except (ImportError, AttributeError):  # another Ray Train: wait the whole timeout
+        reports = None
+    while time.monotonic() < deadline and (reports is None or reports.unfinished_tasks):
+        time.sleep(0.05)
+    torch.distributed.barrier()  # every worker's reports taken before any fails
 
 
 def report(loader, model, optimizer, step: int, rank: int, loss: float) -> None:
