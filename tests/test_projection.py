@@ -186,6 +186,7 @@ def test_blob_columns_through_the_loader_in_every_read_mode(make_loader, blobs_6
         assert batch["blob"] == [blob_of(i) for i in batch["id"].tolist()]
         assert torch.equal(batch["label"], batch["id"] % 7)
     if make_loader.mode == "disk":
+        loaders[0]._source.fill()  # the copy is made in the background: wait for it
         stored = lance.dataset(str(loaders[0]._source.path)).schema.field("blob")
         assert stored.type.extension_name == "lance.blob.v2"
     again, again_ids = epoch(copy)
