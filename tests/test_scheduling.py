@@ -30,6 +30,7 @@ class FakeFetch:
         self.fail = fail
         self.lock = threading.Condition()  # notified as each fetch starts and ends
         self.started = 0
+        self.items = []  # the items whose fetch started, in the order they started
         self.prefetcher = None  # set to read how many items the consumer received
         self.running = 0
         self.max_held = 0
@@ -38,6 +39,7 @@ class FakeFetch:
     def __call__(self, item):
         with self.lock:
             self.started += 1
+            self.items.append(item)
             self.running += 1
             received = 0 if self.prefetcher is None else self.prefetcher.statistics().received
             self.max_held = max(self.max_held, self.started - received)
@@ -154,7 +156,9 @@ def test_close_waits_at_most_close_wait_s_for_a_stuck_fetch_then_leaves_it_to_th
     )
     iterator = BlockingPrefetcher(prefetcher, close_wait_s=0.3)
     assert next(iterator) == 0
-    assert fetch.wait_for(lambda: fetch.running == 1 and fetch.started >= 2)  # item 1 is stuck
+    # Fetches start in any order (item 2's may start before item 1's): wait until item 1's has
+    # started and is the only one running.
+    assert fetch.wait_for(lambda: 1 in fetch.items and fetch.running == 1)
     caplog.set_level(logging.DEBUG, logger="lance_prefetch.scheduling")
     before = time.monotonic()
     iterator.close()
