@@ -4,6 +4,7 @@ a real S3-compatible server on 127.0.0.1 (started on first use, stopped at the e
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import socket
 from pathlib import Path
@@ -109,6 +110,26 @@ def permutation_kind(request, monkeypatch):
         monkeypatch.setattr(permutation, "CHUNK_ROWS", 32)
         monkeypatch.setattr(sampling, "CHUNK_ROWS", 50)
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_loop_thread_outlives_its_test():
+    """Every event-loop thread a test starts has ended within 10 s of its end (the loaders it made
+    closed or collected): a thread left running fails this test, not a later one that counts
+    threads."""
+    from support.helpers import loop_threads, wait_until
+
+    before = set(loop_threads())
+    yield
+
+    def left() -> list:
+        return [thread for thread in loop_threads() if thread not in before]
+
+    if left():
+        gc.collect()
+    assert wait_until(lambda: not left(), timeout=10.0), (
+        f"event-loop threads left running: {left()}"
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)
