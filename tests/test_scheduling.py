@@ -29,7 +29,6 @@ class FakeFetch:
         self.delays = delays or {}
         self.fail = fail
         self.lock = threading.Condition()  # notified as each fetch starts and ends
-        self.started = 0
         self.items = []  # the items whose fetch started, in the order they started
         self.prefetcher = None  # set to read how many items the consumer received
         self.running = 0
@@ -38,7 +37,6 @@ class FakeFetch:
 
     def __call__(self, item):
         with self.lock:
-            self.started += 1
             self.items.append(item)
             self.running += 1
             received = 0 if self.prefetcher is None else self.prefetcher.statistics().received
@@ -54,6 +52,11 @@ class FakeFetch:
             with self.lock:
                 self.running -= 1
                 self.lock.notify_all()
+
+    @property
+    def started(self) -> int:
+        """How many fetches started."""
+        return len(self.items)
 
     def wait_for(self, predicate, timeout: float = 5.0) -> bool:
         """Whether ``predicate()`` (read under the lock) holds, waiting up to ``timeout`` s."""

@@ -5,21 +5,21 @@ the records of every rank and DataLoader worker together and checks them
 
 How records meet (:func:`choose_exchange`, decided when an iteration begins):
 
-1. An audit folder (``Audit(dir=...)``, below ``audit_dir``) given: the folder. Records are
-   named by what does not decide rows, so the records of one run meet whatever they read:
-   ``iteration<n>-rank<r>of<W>-worker<w>of<K>.npz``, ``n`` numbering the iterations each rank began over this folder (the ledger
-   ``rank<r>.iterations``, one line per iteration: the loader's token and the iteration's
-   identity, which its DataLoader workers share), so every rank's ``n``-th iteration meets the
-   others' ``n``-th. What decides the rows (dataset, version, seed, epoch, start, batch size,
-   world size, filter, split, weights, ``num_rows``, permutation, shuffle, ``drop_last``, the
-   resumed record) is inside each record, and the checker compares it first. Each process
-   writes its record atomically (a temporary file, then ``os.replace``) when its share of the
-   epoch is handed out. The first writer to find every expected record claims the check (a file
-   created with ``O_EXCL``), checks, writes ``iteration<n>-report.json`` and removes the
-   records. Nothing waits for another process, so nothing can hang. A failed check raises
+1. An audit folder (``Audit(dir=...)``, ``audit_dir`` in the functions below) given: the folder.
+   Records are named by what does not decide rows, so the records of one run meet whatever they
+   read: ``iteration<n>-rank<r>of<W>-worker<w>of<K>.npz``, ``n`` numbering the iterations each rank
+   began over this folder (the ledger ``rank<r>.iterations``, one line per iteration: the loader's
+   token and the iteration's identity, which its DataLoader workers share), so every rank's ``n``-th
+   iteration meets the others' ``n``-th. What decides the rows (dataset, version, seed, epoch,
+   start, batch size, world size, filter, split, weights, ``num_rows``, permutation, shuffle,
+   ``drop_last``, the resumed record) is inside each record, and the checker compares it first. Each
+   process writes its record atomically (a temporary file, then ``os.replace``) when its share of
+   the epoch is handed out. The first writer to find every expected record claims the check (a file
+   created with ``O_EXCL``), checks, writes ``iteration<n>-report.json`` and removes the records.
+   Nothing waits for another process, so nothing can hang. A failed check raises
    :class:`~lance_prefetch.CoverageError` in the process that checked and leaves
-   ``iteration<n>-rank<r>.failed`` for each other rank: a process of that rank takes it (the
-   first to rename it) at its next iteration's start or epoch's end and raises the same error.
+   ``iteration<n>-rank<r>.failed`` for each other rank: a process of that rank takes it (the first
+   to rename it) at its next iteration's start or epoch's end and raises the same error.
 2. A single record in all (one rank, or one reader of every rank, without DataLoader workers):
    checked where it is.
 3. ``torch.distributed`` initialised with the loader's ranks (not in a DataLoader worker): over a
