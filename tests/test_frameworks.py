@@ -273,8 +273,8 @@ RESUMED = [
 def test_accelerate_checkpoints_resume_exactly(tmp_path):
     """Accelerate over 2 processes, stopped after 7 steps of epoch 0 (and of epoch 1) and resumed
     by a new Accelerator, loader and DataLoader: ``save_state``/``load_state`` with
-    ``use_stateful_dataloader=True`` under the default dispatcher (every process writes
-    dl_state_dict.bin: the one that reads nothing follows the main one) and with
+    ``use_stateful_dataloader=True`` under the default dispatcher (every process writes the
+    same bytes to dl_state_dict.bin: the one that reads nothing follows the main one) and with
     ``dispatch_batches=False``; the main process's ``loader.state_dict()`` under both;
     ``state_after(7)``; ``skip_first_batches(data, 7)`` under both. Each reads exactly the
     uninterrupted run's batches, also ``save_state`` with ``dispatch_batches=False`` after an
@@ -288,6 +288,13 @@ def test_accelerate_checkpoints_resume_exactly(tmp_path):
     )
     for case in RESUMED:
         check_accelerate_resumed(uri, results, case)
+    # save_state writes every process's state into one dl_state_dict.bin: under the dispatcher
+    # (and with dispatch_batches=False) the processes write the same bytes, so the file cannot
+    # tear when they write at once
+    for case in ("stateful-dispatch", "stateful-shard", "stateful-shard@20"):
+        for stop in (0, 1):
+            saved = tmp_path / f"{case}-{stop}-saved"
+            assert (saved / "written-0").read_text() == (saved / "written-1").read_text(), case
     for stop in (0, 1):
         for rank in range(2):
             steps, refused = results["stateful-dispatch-workers", stop][rank]

@@ -40,7 +40,6 @@ starts them), so that their states carry a mark that refuses them (:mod:`lance_p
 
 from __future__ import annotations
 
-import collections
 import math
 import sys
 import warnings
@@ -53,7 +52,6 @@ __all__ = [
     "AccelerateDispatcher",
     "EpochSetter",
     "ReadAhead",
-    "SavedWhenPickled",
     "accelerate_caller",
     "dispatcher_of",
     "find_read_ahead",
@@ -62,6 +60,7 @@ __all__ = [
     "pass_through_prepared",
     "reads_every_rank",
     "refuse_stateful_dispatch",
+    "save_one_state",
     "warn_unset_epochs",
     "workers_read_ahead_by",
 ]
@@ -373,27 +372,42 @@ def dispatcher_of(
     return AccelerateDispatcher(caller[1], frame)
 
 
-class SavedWhenPickled(dict):
-    """A state that is computed again whenever it is pickled (or copied), and then stands as a
-    plain ``dict``.
+#: The counters of torchdata's single-process StatefulDataLoader iterator state that count the
+#: batches pulled in this process (the main process of Accelerate's dispatcher pulls them all,
+#: the others none), and what :func:`save_one_state` writes for them on every process.
+_PULL_COUNTERS = {"_sampler_iter_yielded": 0, "_num_yielded": 0, "_iterator_finished": False}
 
-    A process of Accelerate's ``DataLoaderDispatcher`` other than the main one snapshots its
-    StatefulDataLoader's state only when the dispatcher is built and at an epoch's end, yet
-    ``accelerator.save_state`` writes that snapshot from every process to one
-    ``dl_state_dict.bin``: the loader hands it this dict, which ``torch.save`` turns into the
-    state at save time (the main process's own snapshot, in the same file), an ``OrderedDict``
-    once loaded.
+
+def save_one_state(dispatcher: Any, state: Callable[[], dict[str, Any]]) -> None:
+    """Make Accelerate's ``DataLoaderDispatcher`` with ``use_stateful_dataloader=True`` hand
+    ``accelerator.save_state`` the same state, byte for byte, in every process.
+
+    ``save_state`` writes ``dispatcher.state_dict()`` from every process into one
+    ``dl_state_dict.bin``. Under the dispatcher that is a snapshot whose counters differ from
+    process to process (the main one pulls every batch, the others none) and which the other
+    processes take only when the wrapper is built and at an epoch's end: files of different
+    bytes written at once into one path can tear. Here ``dispatcher.state_dict()`` becomes,
+    computed when it is called, Accelerate's snapshot with ``dataset_state`` set to ``state()``
+    (the loader's state, the same in every process: the others follow the main one) and the
+    pull counters zeroed (a resume restores the position from the loader's state alone).
+    ``load_state`` is unchanged: torchdata loads the loader's state and nothing is read again.
+    Does nothing without ``use_stateful_dataloader`` (there is then no state to save).
     """
+    if not getattr(dispatcher, "use_stateful_dataloader", False):
+        return
 
-    def __init__(self, compute: Callable[[], dict[str, Any]]) -> None:
-        super().__init__(compute())
-        self._compute = compute
+    def state_dict() -> dict[str, Any]:
+        snapshot = dispatcher.dl_state_dict  # its keys, in this torchdata's order
+        saved = {**snapshot, "dataset_state": state()}
+        for key, value in _PULL_COUNTERS.items():
+            if key in saved:
+                saved[key] = value
+        fetcher = saved.get("fetcher_state")
+        if isinstance(fetcher, dict) and "fetcher_ended" in fetcher:
+            saved["fetcher_state"] = {**fetcher, "fetcher_ended": False}
+        return saved
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        self.clear()
-        self.update(self._compute())
-        # an OrderedDict: what torch.load(weights_only=True) (Accelerate's load_state) rebuilds
-        return collections.OrderedDict, (list(self.items()),)
+    dispatcher.state_dict = state_dict
 
 
 class EpochSetter:

@@ -22,12 +22,12 @@ from lance_prefetch.integrations._frameworks import (
     AccelerateDispatcher,
     EpochSetter,
     ReadAhead,
-    SavedWhenPickled,
     dispatcher_of,
     find_read_ahead,
     pass_through_prepared,
     reads_every_rank,
     refuse_stateful_dispatch,
+    save_one_state,
     warn_unset_epochs,
     workers_read_ahead_by,
 )
@@ -380,16 +380,9 @@ class PrefetchLoader(SourceFacade, IterableDataset):
 
     def _followed(self, dispatcher: AccelerateDispatcher) -> dict[str, Any]:
         """The state in a process of Accelerate's dispatcher that reads nothing, which follows the
-        main process's (:meth:`~lance_prefetch.integrations._frameworks.AccelerateDispatcher.followed`); when
-        Accelerate itself snapshots, computed again when saved
-        (:class:`~lance_prefetch.integrations._frameworks.SavedWhenPickled`)."""
-
-        def now() -> dict[str, Any]:
-            # set by the dispatcher's set_epoch, or loaded
-            pending = self._control.pending() or (self.epoch, 0)
-            return self._state(*(self._follower or dispatcher).followed(pending, self._end()), None)
-
-        return SavedWhenPickled(now) if dispatcher.snapshot() else now()
+        main process's (:meth:`~lance_prefetch.integrations._frameworks.AccelerateDispatcher.followed`)."""
+        pending = self._control.pending() or (self.epoch, 0)  # set by set_epoch, or loaded
+        return self._state(*dispatcher.followed(pending, self._end()), None)
 
     def state_after(self, batches: int, *, epoch: int | None = None) -> dict[str, Any]:
         """The state after this rank's training loop consumed its first ``batches`` batches of
@@ -497,10 +490,14 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         ident = self._control.identify(worker)  # at iter(): the workers' counts stay in step
         every_rank = self._every_rank or reads_every_rank(self)
         # under Accelerate's dispatcher a process other than the main one reads nothing
+        dispatcher = None
         if every_rank and worker is None:
             self._check_dispatchable()
-        follows = every_rank and worker is None and self._current_ranks()[0] != 0
-        self._follower = dispatcher_of(self, self._follower) if follows else None
+            dispatcher = dispatcher_of(self, self._follower)
+            if dispatcher is not None:  # what accelerator.save_state writes from every process
+                save_one_state(dispatcher.wrapper, self.state_dict)
+        follows = dispatcher is not None and self._current_ranks()[0] != 0
+        self._follower = dispatcher if follows else None
         iteration = LazyIteration(functools.partial(self._begin, worker, ident, every_rank))
         self._iterators.add(iteration)
         if worker is not None:

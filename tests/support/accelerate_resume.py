@@ -23,10 +23,13 @@ the rest).
 from __future__ import annotations
 
 import gc
+import hashlib
+import io
 import json
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
@@ -80,11 +83,22 @@ def agree(error: BaseException | None) -> str | None:
     return next((e for e in errors if e is not None), None)
 
 
-def save(way: str, accelerator: Accelerator, loader: PrefetchLoader, saved: Path, stop: int):
-    """Save the checkpoint ``way`` says at step ``stop``; the error if it was refused."""
+def written(data) -> str:
+    """The SHA-256 of what ``accelerator.save_state`` writes to ``dl_state_dict.bin`` for the
+    prepared DataLoader ``data`` in this process, now."""
+    buffer = io.BytesIO()
+    torch.save(data.state_dict(), buffer)
+    return hashlib.sha256(buffer.getvalue()).hexdigest()
+
+
+def save(way: str, accelerator: Accelerator, loader: PrefetchLoader, data, saved: Path, stop: int):
+    """Save the checkpoint ``way`` says at step ``stop`` (``data``: the prepared DataLoader); the
+    error if it was refused. With ``stateful``, also ``<saved>/written-<rank>``: :func:`written`."""
     try:
         if way == "stateful":
             accelerator.save_state(str(saved))
+            with open(saved / f"written-{accelerator.process_index}", "w") as out:
+                out.write(written(data))
         elif way in ("own", "after") and accelerator.is_main_process:
             state = loader.state_dict() if way == "own" else loader.state_after(stop)
             saved.write_text(json.dumps(state))
@@ -114,7 +128,7 @@ def run_case(folder: Path, case: str, stop_epoch: int) -> None:
             for step, batch in enumerate(data, 1):
                 record("stop", epoch, batch)
                 if (epoch, step) == (stop_epoch, stop):  # save within the step, as a loop does
-                    error = save(way, accelerator, loader, saved, stop)
+                    error = save(way, accelerator, loader, data, saved, stop)
                     break
     except Exception as e:  # refused before the save (every process raises at once)
         error = e
