@@ -298,3 +298,31 @@ def test_a_read_error_is_explained_by_whichever_rule_matches():
     gone = OSError("LanceError(IO): Not found: data/9a.lance")
     assert type(explain_read_error(gone, URI, 7, SECRETS)) is FileNotFoundError
     assert explain_read_error(OSError(READ_SLOW_DOWN), URI, 7, SECRETS) is None
+
+
+@pytest.mark.parametrize(
+    "uri,options",
+    [
+        (
+            "gs://bucket/data.lance",
+            "check storage_options['google_service_account'] (the path of a service account's "
+            "JSON key) or ['google_service_account_key'] (the key itself), and that",
+        ),
+        (
+            "az://container/data.lance",
+            "check storage_options['azure_storage_account_name'] and "
+            "['azure_storage_account_key'] (or ['azure_storage_sas_token']), and that",
+        ),
+        (
+            "s3://bucket/data.lance",
+            "check storage_options['aws_access_key_id'] and ['aws_secret_access_key'] (and "
+            "['aws_session_token'] for temporary credentials), and that",
+        ),
+    ],
+)
+def test_refused_credentials_name_the_options_of_the_uris_object_store(uri, options):
+    refused = OSError("<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>")
+    explained = explain_open_error(refused, uri, None)
+    assert type(explained) is PermissionError
+    assert options in str(explained)
+    assert ("aws_" in str(explained)) == uri.startswith("s3://")

@@ -256,8 +256,7 @@ def explain_open_error(
     if code in _CREDENTIAL_CODES or "403 forbidden" in lowered:
         return PermissionError(
             f"source: {where} refused the credentials for {uri!r} ({detail}); check "
-            f"storage_options['aws_access_key_id'] and ['aws_secret_access_key'] (and "
-            f"['aws_session_token'] for temporary credentials), and that they may read the bucket"
+            f"{_credential_options(uri)}, and that they may read the bucket"
         )
     if "failed to get aws credentials" in lowered:
         return PermissionError(
@@ -351,8 +350,7 @@ def explain_refused_read(
         f"{_where(storage_options)} refused the credentials while reading {uri!r} "
         f"({_summary(text, storage_options)}); they may have been revoked, deactivated or expired "
         f"since the loader was built, or may not read this object: check "
-        f"storage_options['aws_access_key_id'] and ['aws_secret_access_key'] (and "
-        f"['aws_session_token'] for temporary credentials)"
+        f"{_credential_options(uri)}"
     )
 
 
@@ -415,6 +413,26 @@ def _where(options: Mapping[str, str] | None) -> str:
     if os.environ.get("AWS_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL"):
         return "the endpoint in the AWS_ENDPOINT environment variable"
     return "the object store"
+
+
+def _credential_options(uri: str) -> str:
+    """The storage options that hold the credentials for ``uri``'s object store (by its
+    scheme: Google Cloud Storage, Azure, else S3 and S3-compatible stores), for messages."""
+    scheme = urlsplit(uri).scheme.lower()
+    if scheme in ("gs", "gcs"):
+        return (
+            "storage_options['google_service_account'] (the path of a service account's JSON "
+            "key) or ['google_service_account_key'] (the key itself)"
+        )
+    if scheme in ("az", "abfs", "abfss", "adl", "azure"):
+        return (
+            "storage_options['azure_storage_account_name'] and ['azure_storage_account_key'] "
+            "(or ['azure_storage_sas_token'])"
+        )
+    return (
+        "storage_options['aws_access_key_id'] and ['aws_secret_access_key'] (and "
+        "['aws_session_token'] for temporary credentials)"
+    )
 
 
 def _xml(text: str, tag: str) -> str | None:
