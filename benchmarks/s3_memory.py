@@ -5,7 +5,8 @@ the end), writes ``--rows`` synthetic rows (``id``, 128 x float32 ``vector``, ``
 then runs each ``--variant`` in a fresh process, ``--rounds`` times, interleaved (variant A, B,
 ..., A, B, ...), so that all see the same load. A variant is ``NAME`` or
 ``NAME:KEY=VALUE,KEY=VALUE``: the keys ``readahead``, ``max_in_flight``, ``coalesce`` and
-``max_buffer_bytes`` go to the loader, ``trim=1`` calls glibc's ``malloc_trim(0)`` after every
+``max_buffer_bytes`` go to the loader, ``release_memory=0`` is ``ReadOptions(release_memory=False)``
+(glibc's allocator left as it is), ``trim=1`` calls glibc's ``malloc_trim(0)`` after every
 take's batches, ``epoch_s=S`` cuts each epoch after S seconds (a new iterator, as a new epoch), and upper-case keys are environment variables of the process (for instance
 ``MALLOC_ARENA_MAX=2``). Each process reports, in MiB: RSS after the imports (Python, torch,
 pyarrow, Lance), after the loader was built (the dataset opened: Lance's runtime started), the
@@ -43,7 +44,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, str], dict[str, str]]:
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
         (env if key.isupper() else settings)[key] = value
-    unknown = set(settings) - {*LOADER_KEYS, "trim", "epoch_s"}
+    unknown = set(settings) - {*LOADER_KEYS, "trim", "epoch_s", "release_memory"}
     if unknown:
         raise ValueError(f"unknown keys {sorted(unknown)} in variant {text!r}")
     return name, settings, env
@@ -72,7 +73,7 @@ def child(uri: str, options: dict[str, str], settings: dict[str, str], seconds: 
         256,
         drop_last=False,
         readahead=_value(settings.get("readahead", "auto")),
-        read=ReadOptions(**read),
+        read=ReadOptions(**read, release_memory=settings.get("release_memory", "1") == "1"),
     )
     floor = rss()
     trim = None

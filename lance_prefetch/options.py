@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from lance_prefetch._validate import (
+    check_bool,
     check_choice,
     check_folder,
     check_int,
@@ -202,6 +203,13 @@ class ReadOptions:
         hedge (HedgePolicy | "auto" | None): hedged takes (a second take for one much slower
             than its peers). ``"auto"``: ``HedgePolicy()`` on object stores, none on local
             files. Default: ``"auto"``.
+        release_memory (bool): on object stores, make glibc's ``malloc`` give the large
+            buffers Lance frees back to the system (``mallopt``: a fixed 128 KiB mmap threshold
+            and at most 2 arenas, as ``MALLOC_MMAP_THRESHOLD_=131072 MALLOC_ARENA_MAX=2`` do),
+            once per process as the first iteration starts, so that the process's memory stays
+            flat over a long run. Process-wide; a setting made by those environment variables is
+            kept; no effect on local files or with another C library. ``False``: leave the
+            allocator as it is. Default: ``True``.
 
     Raises:
         TypeError, ValueError: a field of the wrong type or out of range (the message names it).
@@ -213,6 +221,7 @@ class ReadOptions:
     io: Literal["auto", "default", "uring"] = "auto"
     retry: RetryPolicy | None = DEFAULT_RETRY
     hedge: HedgePolicy | Literal["auto"] | None = "auto"
+    release_memory: bool = True
 
     def __post_init__(self) -> None:
         _set(self, "max_in_flight", check_int_or_auto("max_in_flight", self.max_in_flight))
@@ -231,6 +240,7 @@ class ReadOptions:
         _set(self, "io", check_choice("io", self.io, tuple(IO_CHOICES), explain=IO_CHOICES))
         check_retry(self.retry)
         check_hedge(self.hedge)
+        _set(self, "release_memory", check_bool("release_memory", self.release_memory))
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,11 @@ from lance_prefetch.options import as_audit, as_cache, as_dataset, as_shuffle
             "['region']",
         ),
         (
+            lambda: ReadOptions(release_memory=1),
+            TypeError,
+            "release_memory should be True or False, but got release_memory=1",
+        ),
+        (
             lambda: MemoryCache(max_bytes=0),
             ValueError,
             "max_bytes should be an integer >= 1, but got max_bytes=0",

@@ -148,6 +148,7 @@ def test_the_option_groups_are_frozen_dataclasses_with_these_fields():
             ("io", "auto"),
             ("retry", lance_prefetch.RetryPolicy()),
             ("hedge", "auto"),
+            ("release_memory", True),
         ],
         "Shuffle": [("permutation", "auto")],
         "MemoryCache": [("max_bytes", None)],

@@ -65,12 +65,15 @@ class Resolved:
         tuner (DepthTuner | None): the self-tuner with ``readahead``/``max_in_flight="auto"``
             (it learns while reading: one per loader copy), else ``None``.
         hedge (HedgePolicy | None): the hedging every iteration runs (``"auto"`` resolved).
+        release_memory (bool): glibc's allocator is to return freed buffers
+            (``read.release_memory`` on an object store).
     """
 
     coalesce: int
     permutation: str
     tuner: DepthTuner | None
     hedge: HedgePolicy | None = None
+    release_memory: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,7 +196,13 @@ class LoaderConfig:
                 level=START_LEVEL,
             )
         permutation = resolve_kind(self.permutation, num_rows) if self.shuffle else "identity"
-        return Resolved(coalesce, permutation, tuner, resolve_hedge(read.hedge, remote=on_store))
+        return Resolved(
+            coalesce,
+            permutation,
+            tuner,
+            resolve_hedge(read.hedge, remote=on_store),
+            release_memory=read.release_memory and on_store,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,6 +48,7 @@ from lance_prefetch.plan._positions import (
     saved_position,
 )
 from lance_prefetch.plan.sampling import EpochPlan
+from lance_prefetch.sources._allocator import release_freed_memory
 from lance_prefetch.sources._multi import epoch_view, naming_rows
 from lance_prefetch.sources._subset import subset_of
 from lance_prefetch.state import check_state, make_state
@@ -487,6 +488,8 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         worker = get_worker_info()
         self.config.placement.check_worker(worker)  # none in DataLoader workers
         self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
+        if self._resolved.release_memory:
+            release_freed_memory()  # once per process
         ident = self._control.identify(worker)  # at iter(): the workers' counts stay in step
         every_rank = self._every_rank or reads_every_rank(self)
         # under Accelerate's dispatcher a process other than the main one reads nothing
