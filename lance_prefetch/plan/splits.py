@@ -257,7 +257,7 @@ def _bytes_hash(keys: pa.Array, offset_type: type) -> np.ndarray:
     """``sum((b_j + 1) * P**(L-1-j))`` of each value's bytes, wrapping at 2**64, vectorised:
     O(total bytes) with one cumulative sum (an empty value hashes to 0)."""
     buffers = keys.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=offset_type)[
+    offsets: np.ndarray = np.frombuffer(buffers[1], dtype=offset_type)[
         keys.offset : keys.offset + len(keys) + 1
     ]
     offsets = offsets.astype(np.int64)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from lance_prefetch.sources._protocol import RowSource
+from lance_prefetch.sources._protocol import OptionsRepr, RowSource
 
 __all__ = ["SourceIdentity", "WrappedSource", "check_range"]
 
@@ -125,6 +125,6 @@ class WrappedSource(SourceIdentity):
         """As the wrapped source's (a cache under it fills here)."""
         self._source.prepare()
 
-    def options_repr(self) -> dict[str, str] | None:
+    def options_repr(self) -> OptionsRepr:
         """As the wrapped source's: storage options with secret values hidden."""
         return self._source.options_repr()
