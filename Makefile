@@ -40,11 +40,13 @@ test: $(STAMP) nginx
 test-system: $(STAMP) nginx
 	$(PY) -m pytest -m system
 
-# The layout and the formatting: ruff's formatter and linter, and the layers of the package
+# The layout, the formatting and the types: ruff's formatter and linter, mypy on the library
+# ([tool.mypy] in pyproject.toml: strict on the public modules) and the layers of the package
 # (import-linter's contracts in pyproject.toml). CI runs it.
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check lance_prefetch tests benchmarks examples
 	$(VENV)/bin/ruff check lance_prefetch tests benchmarks examples
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 # The wheel and sdist of the library (dist/), built offline with the installed setuptools; then

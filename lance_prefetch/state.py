@@ -351,7 +351,7 @@ def _same(
     key: str, saved: Mapping[str, Any], expected: Mapping[str, Any], any_version: bool
 ) -> bool:
     if key != "datasets" or saved[key] is None or expected[key] is None:
-        return saved[key] == expected[key]
+        return bool(saved[key] == expected[key])
     return _dataset_difference(saved[key], expected[key], any_version=any_version) == ""
 
 

@@ -278,7 +278,8 @@ def _bytes_hash(keys: pa.Array, offset_type: type) -> np.ndarray:
     terms = data * powers[exponents] if len(data) else data
     sums = np.zeros(len(data) + 1, dtype=np.uint64)
     np.cumsum(terms, dtype=np.uint64, out=sums[1:])
-    return sums[ends] - sums[starts]
+    hashes: np.ndarray = sums[ends] - sums[starts]  # (numpy types fancy indexing as Any)
+    return hashes
 
 
 def _fmix(z: np.ndarray) -> np.ndarray:

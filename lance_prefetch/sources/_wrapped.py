@@ -5,6 +5,8 @@ members forwarded (:class:`WrappedSource`), and the one check that offsets are i
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -105,7 +107,7 @@ class WrappedSource(SourceIdentity):
         its inner source's at the same indices (only a memory cache, which wraps, gathers)."""
         return False
 
-    def gather(self, indices: np.ndarray) -> None:
+    def gather(self, indices: np.ndarray) -> Any:
         """``None``: rows are read by :meth:`take` (see :attr:`ready`)."""
         return None
 
