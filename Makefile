@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-system lint bench install clean nginx
+.PHONY: demo test test-system lint package bench install clean nginx
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,12 +40,22 @@ test: $(STAMP) nginx
 test-system: $(STAMP) nginx
 	$(PY) -m pytest -m system
 
-# The layout and the formatting: ruff's formatter and linter, and the layers of the package
+# The layout, the formatting and the types: ruff's formatter and linter, mypy on the library
+# ([tool.mypy] in pyproject.toml: strict on the public modules) and the layers of the package
 # (import-linter's contracts in pyproject.toml). CI runs it.
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check lance_prefetch tests benchmarks examples
 	$(VENV)/bin/ruff check lance_prefetch tests benchmarks examples
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# The wheel and sdist of the library (dist/), built offline with the installed setuptools; then
+# .ci/check_wheel.py checks both (py.typed, LICENSE, no bench) and installs the wheel into a fresh
+# venv, where it imports and reads a dataset. CI runs it.
+package: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	$(PY) .ci/check_wheel.py dist
 
 # The benchmark (benchmarks/, installed by $(STAMP)) on an emulated S3 (nginx + rclone on
 # 127.0.0.1; installs nginx-light if missing).
@@ -53,4 +63,4 @@ bench: $(STAMP) nginx
 	$(VENV)/bin/lance-prefetch-bench --local-s3
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache *.egg-info benchmarks/*.egg-info
+	rm -rf $(VENV) demo-data .pytest_cache *.egg-info benchmarks/*.egg-info dist build

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -98,9 +99,9 @@ def train(
     eval_uri: str | None = None,
     columns: Sequence[str] = DIGITS_COLUMNS,
     batch_size: int = 64,
-    readahead: int | str = 8,
-    max_in_flight: int | str = 4,
-    cache: str | None = None,
+    readahead: int | Literal["auto"] = 8,
+    max_in_flight: int | Literal["auto"] = 4,
+    cache: Literal["memory", "disk"] | None = None,
     epochs: int = 5,
     seed: int = 0,
     learning_rate: float = 3e-3,

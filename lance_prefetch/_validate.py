@@ -120,7 +120,7 @@ def check_choice(
     choices: Sequence[str],
     *,
     none: bool = False,
-    explain: Mapping[str | None, str] | None = None,
+    explain: Mapping[Any, str] | None = None,
 ) -> Any:
     """``value`` if it is one of ``choices`` (or ``None`` when ``none``).
 

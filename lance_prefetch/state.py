@@ -188,7 +188,8 @@ def check_state(
     for key, kind in _TYPES.items():
         value = state[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise TypeError(f"state[{key!r}] should be {kind.__name__}, but got {value!r}")
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise TypeError(f"state[{key!r}] should be {names}, but got {value!r}")
     if state["format_version"] in _EARLIER:
         raise ValueError(
             f"state['format_version'] is {state['format_version']}: the state was saved by an "
@@ -350,7 +351,7 @@ def _same(
     key: str, saved: Mapping[str, Any], expected: Mapping[str, Any], any_version: bool
 ) -> bool:
     if key != "datasets" or saved[key] is None or expected[key] is None:
-        return saved[key] == expected[key]
+        return bool(saved[key] == expected[key])
     return _dataset_difference(saved[key], expected[key], any_version=any_version) == ""
 
 

@@ -85,7 +85,7 @@ _GROUP: list[Any] = []  # [default group, the audit's gloo group] once made in t
 
 
 def choose_exchange(
-    audit_dir: str | None, share: Share, world_size: int, *, in_worker: bool
+    audit_dir: str | os.PathLike[str] | None, share: Share, world_size: int, *, in_worker: bool
 ) -> str:
     """How the records of an audited iteration reading ``share`` of a ``world_size``-rank plan
     meet, by the module docstring's rules: ``"dir"`` (``audit_dir``, the audit's folder, given),
@@ -131,7 +131,7 @@ def open_audit(
     exchange: str | None,
     plan: EpochPlan,
     share: Share,
-    audit_dir: str | None,
+    audit_dir: str | os.PathLike[str] | None,
     *,
     identity: Mapping[str, Any],
     memory: AuditMemory | None = None,
@@ -239,7 +239,7 @@ class EpochAudit:
         share: Share,
         *,
         exchange: str,
-        audit_dir: str | None,
+        audit_dir: str | os.PathLike[str] | None,
         identity: Mapping[str, Any],
         before: Spans | None = (),
         key: str = "",

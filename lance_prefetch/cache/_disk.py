@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -47,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from filelock import FileLock
 
 from lance_prefetch._validate import check_folder
 from lance_prefetch.cache._files import (
@@ -97,8 +97,9 @@ class DiskCache(FillingCache):
     reused (across runs and processes) once :func:`~lance_prefetch.cache._files.check_copy` finds
     it whole (a ``stat`` a file; a damaged copy is filled again, with a ``RuntimeWarning`` naming
     the damage). Copies are never deleted by the loader; remove the directory to reclaim the
-    space. ``<copy>.lock`` beside each copy is only the target of the fill's ``flock`` (held by
-    no one once fills end, also when their process was killed).
+    space. ``<copy>.lock`` beside each copy is only the target of the fill's OS file lock
+    (:class:`filelock.FileLock`: ``flock`` on POSIX), held by no one once fills end, also when
+    their process was killed.
 
     Pickles as ``source`` and ``cache_dir``.
     """
@@ -179,29 +180,30 @@ class DiskCache(FillingCache):
     def _copy(self, stopping: threading.Event | None) -> None:
         """Under the copy's lock: remove what killed fills left, keep a copy another process
         made meanwhile, else set a damaged one aside, copy and publish."""
+        # the OS's file lock (flock on POSIX, LockFileEx on Windows) through filelock: one fill at a
+        # time across processes and threads, freed by the OS when a filling process dies
+        lock = FileLock(self.path.with_suffix(".lock"))
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            lock_file = open(self.path.with_suffix(".lock"), "a")  # closed by the with below
+            lock.acquire()  # another process may be copying: wait
         except OSError as exc:
             raise self._unwritable(exc) from exc
-        with lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)  # another process may be copying: wait
-            try:
-                remove_leftovers(self.cache_dir, self.path.name)
-                if self.path.exists():
-                    problem = check_copy(self.path, self._about())
-                    if problem is None:  # made (or made again) by another process
-                        return
-                    warnings.warn(
-                        f"DiskCache: the copy {str(self.path)!r} of {self._source.uri!r} "
-                        f"version {self._source.version} is damaged: {problem}; filling it again",
-                        RuntimeWarning,
-                        stacklevel=5,
-                    )
-                    set_aside(self.path)
-                self._publish(stopping)
-            finally:
-                fcntl.flock(lock_file, fcntl.LOCK_UN)
+        try:
+            remove_leftovers(self.cache_dir, self.path.name)
+            if self.path.exists():
+                problem = check_copy(self.path, self._about())
+                if problem is None:  # made (or made again) by another process
+                    return
+                warnings.warn(
+                    f"DiskCache: the copy {str(self.path)!r} of {self._source.uri!r} "
+                    f"version {self._source.version} is damaged: {problem}; filling it again",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
+                set_aside(self.path)
+            self._publish(stopping)
+        finally:
+            lock.release()  # closes the lock's file; a dead process's lock is freed by the OS
 
     def _unwritable(self, exc: OSError) -> OSError:
         """``exc`` (of making the folder, the lock or the private fill folder) as an error of

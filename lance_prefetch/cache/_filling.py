@@ -95,7 +95,9 @@ class BackgroundFill:
         except FillStopped:
             pass
         except BaseException as exc:  # kept for the readers; the thread itself ends quietly
-            exc.permanent = True  # reads re-raise it: retrying a take would only raise it again
+            # reads re-raise it: retrying a take would only raise it again (a marker attribute,
+            # read with getattr by schedule.retry)
+            exc.permanent = True  # type: ignore[attr-defined]
             self.error = exc
         finally:
             self._done.set()

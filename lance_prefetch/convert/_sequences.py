@@ -74,8 +74,8 @@ def flatten(sequences: Any, column: str) -> Flat:
                 f"column {column!r} is a tensor of shape {tuple(sequences.shape)}; a batch of "
                 f"sequences is a list of 1-D tensors or a (rows, length) tensor"
             )
-        rows, width = sequences.shape
-        return Flat(sequences.reshape(-1), np.full(rows, width, dtype=np.int64))
+        num_rows, width = sequences.shape
+        return Flat(sequences.reshape(-1), np.full(num_rows, width, dtype=np.int64))
     if isinstance(sequences, (str, bytes)) or not isinstance(sequences, Sequence):
         raise TypeError(
             f"column {column!r} is a {type(sequences).__name__}; a batch of sequences is a list "
@@ -218,7 +218,10 @@ def pack(
         ids = values  # no copy
     mask = torch.zeros(size, dtype=torch.int64, device=device)
     mask[:total] = 1
-    out = {"input_ids": ids.view(rows, seq_len), "attention_mask": mask.view(rows, seq_len)}
+    out: dict[str, torch.Tensor | int] = {
+        "input_ids": ids.view(rows, seq_len),
+        "attention_mask": mask.view(rows, seq_len),
+    }
     starts = flat.starts[lengths > 0]  # each non-empty document's first token
     if labels:
         label = ids.to(torch.int64, copy=True)

@@ -102,7 +102,7 @@ def _callers(skip: int) -> Iterator[tuple[Any, str]]:
     """``(self, function name)`` of the calling frames, nearest first, at most :data:`_DEPTH`
     of them, ``skip`` frames up from this function's caller (``self`` is ``None`` in a plain
     function)."""
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     for _ in range(_DEPTH):
         if frame is None:
             return
@@ -322,11 +322,11 @@ def find_read_ahead(dataset: Any) -> ReadAhead | None:
         (getattr(accelerate, "DataLoaderShard", None), _AccelerateShard),
         (getattr(accelerate, "DataLoaderDispatcher", None), AccelerateDispatcher),
     ]
-    kinds = [(cls, kind) for cls, kind in kinds if cls is not None]
-    if not kinds:
+    found = [(cls, kind) for cls, kind in kinds if cls is not None]
+    if not found:
         return None
     for caller, _ in _callers(2):
-        for cls, kind in kinds:
+        for cls, kind in found:
             if isinstance(caller, cls) and _reads(caller, dataset):
                 return kind(caller)
     return None

@@ -34,7 +34,6 @@ from lance_prefetch.options import (
     DiskCache,
     MemoryCache,
     ReadOptions,
-    Shuffle,
     as_audit,
     as_cache,
     as_shuffle,
@@ -91,22 +90,24 @@ class LoaderConfig:
             or ``rank`` is not below a given ``world_size``.
     """
 
+    # typed as normalised (what a reader of the config gets); __post_init__ takes the loader's
+    # wider forms (a cache's name, True for Audit(), None for the default ReadOptions)
     batch_size: int
     columns: Sequence[str] | None = None
     filter: str | None = None
     split: Split | None = None
-    shuffle: bool | Shuffle = True
+    shuffle: bool = True
     drop_last: bool | None = None
     seed: int = 0
     rank: int | None = None
     world_size: int | None = None
     readahead: int | str = "auto"
-    read: ReadOptions | None = DEFAULT_READ
-    cache: str | MemoryCache | DiskCache | None = None
+    read: ReadOptions = DEFAULT_READ
+    cache: MemoryCache | DiskCache | None = None
     transform: Callable[[dict[str, Any]], Any] | None = None
     pin_memory: bool = False
     device: Any = None
-    audit: bool | Audit | None = False
+    audit: Audit | None = None
     log_every_s: float | None = None
     permutation: str = field(init=False, repr=False, compare=False)
     placement: Placement = field(init=False, repr=False, compare=False)

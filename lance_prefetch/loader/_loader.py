@@ -75,7 +75,7 @@ def _option(name: str, doc: str) -> Any:
     return property(lambda self: getattr(self.config, name), doc=doc)
 
 
-class PrefetchLoader(SourceFacade, IterableDataset):
+class PrefetchLoader(SourceFacade, IterableDataset[Any]):
     """Fully random batches from a Lance dataset, read concurrently ahead of the training loop.
 
     Each epoch, the rows of the pinned version are shuffled uniformly from ``(seed, epoch)``, cut
@@ -184,23 +184,25 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch.loader._config.LoaderConfig`).
+        # LoaderConfig's fields are typed as normalised; its __post_init__ takes the wider
+        # forms of shuffle, read, cache and audit and normalises them (the ignores below)
         self.config = config = LoaderConfig(
             batch_size=batch_size,
             columns=columns,
             filter=filter,
             split=split,
-            shuffle=shuffle,
+            shuffle=shuffle,  # type: ignore[arg-type]
             drop_last=drop_last,
             seed=seed,
             rank=rank,
             world_size=world_size,
             readahead=readahead,
-            read=read,
-            cache=cache,
+            read=read,  # type: ignore[arg-type]
+            cache=cache,  # type: ignore[arg-type]
             transform=transform,
             pin_memory=pin_memory,
             device=device,
-            audit=audit,
+            audit=audit,  # type: ignore[arg-type]
             log_every_s=log_every,
         )
         self._ranks = Ranks(config.rank, config.world_size)

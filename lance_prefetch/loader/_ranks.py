@@ -71,7 +71,8 @@ class Ranks:
         self._given = (rank, world_size)
         self.given = rank is not None and world_size is not None
         self._unknown = False  # only one of RANK/WORLD_SIZE was set: known at first use
-        if self.given:
+        self.value: tuple[int, int]
+        if rank is not None and world_size is not None:
             self.value = (rank, world_size)
             return
         try:

@@ -211,7 +211,8 @@ class ArrayPermutation(Permutation):
         return self.array[start:stop]
 
     def _take(self, positions: np.ndarray) -> np.ndarray:
-        return self.array[positions]
+        taken: np.ndarray = self.array[positions]  # (numpy types fancy indexing as Any)
+        return taken
 
 
 class IdentityPermutation(Permutation):
@@ -275,7 +276,8 @@ class LazyPermutation(Permutation):
     def _pass(self, positions: np.ndarray) -> np.ndarray:
         """The offsets at ``positions`` (1-D), in one vectorised pass."""
         if self._bits <= _TABLE_BITS:
-            return self._table[positions]
+            looked_up: np.ndarray = self._table[positions]  # (numpy: fancy indexing is Any)
+            return looked_up
         values = self._encrypt(positions.astype(np.uint64))
         walking = np.flatnonzero(values >= self.num_rows)
         while walking.size:  # cycle walking: the orbit of a position in [0, N) returns to it

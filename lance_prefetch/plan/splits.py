@@ -257,7 +257,7 @@ def _bytes_hash(keys: pa.Array, offset_type: type) -> np.ndarray:
     """``sum((b_j + 1) * P**(L-1-j))`` of each value's bytes, wrapping at 2**64, vectorised:
     O(total bytes) with one cumulative sum (an empty value hashes to 0)."""
     buffers = keys.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=offset_type)[
+    offsets: np.ndarray = np.frombuffer(buffers[1], dtype=offset_type)[
         keys.offset : keys.offset + len(keys) + 1
     ]
     offsets = offsets.astype(np.int64)
@@ -278,7 +278,8 @@ def _bytes_hash(keys: pa.Array, offset_type: type) -> np.ndarray:
     terms = data * powers[exponents] if len(data) else data
     sums = np.zeros(len(data) + 1, dtype=np.uint64)
     np.cumsum(terms, dtype=np.uint64, out=sums[1:])
-    return sums[ends] - sums[starts]
+    hashes: np.ndarray = sums[ends] - sums[starts]  # (numpy types fancy indexing as Any)
+    return hashes
 
 
 def _fmix(z: np.ndarray) -> np.ndarray:

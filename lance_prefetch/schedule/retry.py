@@ -209,7 +209,8 @@ async def run_with_retries(
     """
     if policy is None or policy.attempts <= 1:
         return error, 1
-    attempts, failed, retryable = 1, error, False
+    attempts, retryable = 1, False
+    failed: Exception | None = error
 
     def judged(_: BaseException) -> bool:
         return retryable

@@ -101,7 +101,10 @@ class LanceSource:
         source: str | os.PathLike[str] | lance.LanceDataset,
         options: SourceOptions = _DEFAULTS,
     ) -> None:
-        self._storage_options = options.storage_options
+        # Lance's Python API takes a dict
+        self._storage_options = (
+            None if options.storage_options is None else dict(options.storage_options)
+        )
         columns, version = options.columns, options.version
         self.io = options.io or "auto"
         asked = self.io  # "auto" tries io_uring on local files and falls back without a warning
@@ -262,7 +265,7 @@ class LanceSource:
         blobs = own and bool(self._projection.blobs)  # read as bytes, not descriptors
         try:
             with native_call():
-                columns = self._projection.scan_columns if own else dict(projection)
+                columns = self._projection.scan_columns if projection is None else dict(projection)
                 reader = dataset.scanner(
                     columns=columns,
                     batch_size=batch_rows,

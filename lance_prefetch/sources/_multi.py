@@ -31,7 +31,7 @@ import pyarrow as pa
 from lance_prefetch.plan._mixture import dataset_seed, epoch_length, mixture_counts
 from lance_prefetch.plan.permutation import Permutation, make_permutation
 from lance_prefetch.plan.sampling import TooFewRowsError
-from lance_prefetch.sources._protocol import RowSource
+from lance_prefetch.sources._protocol import OptionsRepr, RowSource
 from lance_prefetch.sources._subset import subset_of
 from lance_prefetch.sources._wrapped import WrappedSource, check_range
 
@@ -146,7 +146,7 @@ class ConcatSource:
         for source in self.sources:
             source.prepare()
 
-    def options_repr(self) -> list[dict[str, str] | None]:  # type: ignore[override]
+    def options_repr(self) -> OptionsRepr:
         """Each dataset's storage options, secret values hidden."""
         return [source.options_repr() for source in self.sources]
 

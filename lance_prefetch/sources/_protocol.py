@@ -4,12 +4,16 @@ another (:mod:`lance_prefetch.sources._wrapped`) implement."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["RowSource"]
+__all__ = ["OptionsRepr", "RowSource"]
+
+#: A source's storage options as a ``repr`` shows them (secret values hidden): one dataset's
+#: dict, ``None`` (none given), or a list of its datasets' (a source of several).
+OptionsRepr: TypeAlias = "dict[str, str] | list[OptionsRepr] | None"
 
 
 class RowSource(Protocol):
@@ -80,5 +84,5 @@ class RowSource(Protocol):
         """Do in this thread, before the first read of this process, what must not run inside a
         timed, retried ``take`` (a cache's fill); a no-op for a plain source."""
 
-    def options_repr(self) -> dict[str, str] | None:
+    def options_repr(self) -> OptionsRepr:
         """The storage options as a ``repr`` may show them (secret values hidden)."""

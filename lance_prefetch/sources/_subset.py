@@ -273,7 +273,7 @@ def _scan(
             mask = _matches(batch.column("match"), filter)
             rows = rows[mask]
         matched += len(rows)
-        if key is not None:
+        if key is not None and split is not None:  # a split by key (key is split.by)
             keys = batch.column("key")
             keys = keys if filter is None else keys.filter(mask)
             if keys.null_count:
@@ -281,7 +281,7 @@ def _scan(
                     f"split by={key!r}: {keys.null_count} selected rows have a null {key}; "
                     f"leave them out with filter='{key} IS NOT NULL'"
                 )
-            rows = rows[key_parts(key_hashes(keys, split.seed), split)]  # type: ignore[union-attr]
+            rows = rows[key_parts(key_hashes(keys, split.seed), split)]
         found.append(rows.astype(dtype))
     return (np.concatenate(found) if found else np.zeros(0, dtype=dtype)), matched
 

@@ -5,10 +5,12 @@ members forwarded (:class:`WrappedSource`), and the one check that offsets are i
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
-from lance_prefetch.sources._protocol import RowSource
+from lance_prefetch.sources._protocol import OptionsRepr, RowSource
 
 __all__ = ["SourceIdentity", "WrappedSource", "check_range"]
 
@@ -105,7 +107,7 @@ class WrappedSource(SourceIdentity):
         its inner source's at the same indices (only a memory cache, which wraps, gathers)."""
         return False
 
-    def gather(self, indices: np.ndarray) -> None:
+    def gather(self, indices: np.ndarray) -> Any:
         """``None``: rows are read by :meth:`take` (see :attr:`ready`)."""
         return None
 
@@ -125,6 +127,6 @@ class WrappedSource(SourceIdentity):
         """As the wrapped source's (a cache under it fills here)."""
         self._source.prepare()
 
-    def options_repr(self) -> dict[str, str] | None:
+    def options_repr(self) -> OptionsRepr:
         """As the wrapped source's: storage options with secret values hidden."""
         return self._source.options_repr()
