@@ -43,8 +43,8 @@ test-system: $(STAMP) nginx
 # The layout and the formatting: ruff's formatter and linter, and the layers of the package
 # (import-linter's contracts in pyproject.toml). CI runs it.
 lint: $(STAMP)
-	$(VENV)/bin/ruff format --check lance_prefetch tests benchmarks examples
-	$(VENV)/bin/ruff check lance_prefetch tests benchmarks examples
+	$(VENV)/bin/ruff format --check lance_prefetch tests benchmarks examples docs/_ext
+	$(VENV)/bin/ruff check lance_prefetch tests benchmarks examples docs/_ext
 	$(VENV)/bin/lint-imports
 
 # The documentation site (mkdocs.yml: docs/ and the API reference from the docstrings) into
