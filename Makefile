@@ -7,14 +7,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-system lint package bench install clean nginx
+.PHONY: demo test test-system lint package docs bench install clean nginx
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml benchmarks/pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,demo,frameworks]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,demo,frameworks,docs]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -e benchmarks
 	$(PY) -m pip install --quiet --disable-pip-version-check -e 'benchmarks[peers]'
 	touch $(STAMP)
@@ -44,8 +44,8 @@ test-system: $(STAMP) nginx
 # ([tool.mypy] in pyproject.toml: strict on the public modules) and the layers of the package
 # (import-linter's contracts in pyproject.toml). CI runs it.
 lint: $(STAMP)
-	$(VENV)/bin/ruff format --check lance_prefetch tests benchmarks examples
-	$(VENV)/bin/ruff check lance_prefetch tests benchmarks examples
+	$(VENV)/bin/ruff format --check lance_prefetch tests benchmarks examples docs/_ext
+	$(VENV)/bin/ruff check lance_prefetch tests benchmarks examples docs/_ext
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
@@ -57,10 +57,15 @@ package: $(STAMP)
 	$(PY) -m build --no-isolation --outdir dist .
 	$(PY) .ci/check_wheel.py dist
 
+# The documentation site (mkdocs.yml: docs/ and the API reference from the docstrings) into
+# site/; strict: a broken link or an unresolved reference fails it. CI runs it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 # The benchmark (benchmarks/, installed by $(STAMP)) on an emulated S3 (nginx + rclone on
 # 127.0.0.1; installs nginx-light if missing).
 bench: $(STAMP) nginx
 	$(VENV)/bin/lance-prefetch-bench --local-s3
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache *.egg-info benchmarks/*.egg-info dist build
+	rm -rf $(VENV) demo-data site .pytest_cache *.egg-info benchmarks/*.egg-info dist build

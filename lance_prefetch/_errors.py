@@ -20,6 +20,9 @@ def lance_message(text: str) -> str:
 class BatchLoadError(RuntimeError):
     """Reading, converting or transforming one batch failed; the original error is ``__cause__``.
 
+    Each attribute is ``None`` when the error was re-raised by a DataLoader worker, whose message
+    then holds them and the worker's traceback.
+
     Attributes:
         epoch (int): the epoch being read.
         position (int): the batch's global position in that epoch (see :mod:`lance_prefetch.plan.sampling`).
@@ -28,8 +31,6 @@ class BatchLoadError(RuntimeError):
         attempts (int): read attempts made for the batch (see
             :class:`~lance_prefetch.RetryPolicy`); ``None`` when the read succeeded and conversion
             or ``transform`` failed.
-        (Each is ``None`` when the error was re-raised by a DataLoader worker, whose message then
-        holds them and the worker's traceback.)
     """
 
     def __init__(

@@ -1,15 +1,20 @@
-"""The docs stay true: docs/frameworks.md's and README.md's ``<!-- run -->`` snippets run as they
-are, and every line of frameworks.md's ``<!-- excerpt: path -->`` snippets is a line of that
-example (which test_frameworks.py runs under the real framework); every test docs/reliability.md
-cites exists."""
+"""The docs stay true: docs/frameworks.md's and docs/guide.md's ``<!-- run -->`` snippets and the
+README's example run as they are, and every line of frameworks.md's ``<!-- excerpt: path -->``
+snippets is a line of that example (which test_frameworks.py runs under the real framework); every
+test docs/reliability.md cites exists; the README stays a short first screen; every page is in the
+site's nav and every public name on an API reference page."""
 
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
+import torch
+
+import lance_prefetch
 
 ROOT = Path(__file__).parents[1]
 PAGE = ROOT / "docs" / "frameworks.md"
@@ -50,15 +55,70 @@ def test_snippets_run(path, code):
 
 
 README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "guide.md"
 
 
-def test_readme_snippets_run():
-    """README's ``<!-- run -->`` snippets (column types: tensors, blobs, structs; in process,
-    a few rows in a temporary folder) run as a script would; their asserts are the test."""
-    found = [m.group(3) for m in BLOCK.finditer(README.read_text()) if m.group(1) == "run"]
-    assert found, "no run snippet in README.md"
+def test_guide_snippets_run():
+    """docs/guide.md's ``<!-- run -->`` snippets (column types: tensors, blobs, structs; in
+    process, a few rows in a temporary folder) run as a script would; their asserts are the test."""
+    found = [m.group(3) for m in BLOCK.finditer(GUIDE.read_text()) if m.group(1) == "run"]
+    assert found, "no run snippet in docs/guide.md"
     for code in found:
-        exec(compile(code, str(README), "exec"), {"__name__": "__docs__"})
+        exec(compile(code, str(GUIDE), "exec"), {"__name__": "__docs__"})
+
+
+def test_readme_is_a_short_first_screen():
+    """Under 10,000 characters, with ``pip install`` and the Python example before "Develop"
+    (where ``make demo`` and ``make test`` stay)."""
+    text = README.read_text()
+    assert len(text) < 10_000, f"README.md has {len(text)} characters"
+    develop = text.index("\n## Develop\n")
+    assert "pip install ." in text[:develop]
+    assert "```python\nfrom lance_prefetch import PrefetchLoader" in text[:develop]
+    assert "make demo" in text[develop:] and "make test" in text[develop:]
+
+
+def test_readme_example_runs(tmp_path, monkeypatch):
+    """The README's example, as written, over examples/classification_data.py's dataset (1,000
+    rows of 16 features and a label) written as ``data.lance`` in the working folder: three
+    epochs of three 256-row batches, each epoch a new permutation, the shapes its comment gives."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from classification_data import write_dataset
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    monkeypatch.chdir(tmp_path)
+    write_dataset("data.lance", 1000)
+    code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+    step = "...  # the training step"
+    assert step in code
+    seen = []
+    code = code.replace(step, "seen.append((epoch, features, labels))")
+    exec(compile(code, str(README), "exec"), {"__name__": "__docs__", "seen": seen})
+    assert [epoch for epoch, _, _ in seen] == [0] * 3 + [1] * 3 + [2] * 3
+    for _, features, labels in seen:
+        assert features.shape == (256, 16) and features.dtype == torch.float32
+        assert labels.shape == (256,) and labels.dtype == torch.int64
+    firsts = [seen[i][1][0].tolist() for i in (0, 3, 6)]
+    assert firsts[0] != firsts[1] != firsts[2], "the epochs should be new permutations"
+
+
+def test_every_page_is_in_the_site_nav():
+    """Each docs/ page is a chapter of mkdocs.yml's nav (a page left out is built but unreachable)."""
+    nav = set(re.findall(r"^\s+- [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    assert pages - nav == set(), "pages missing from mkdocs.yml's nav"
+    assert nav - pages == set(), "nav entries with no page"
+
+
+def test_every_public_name_is_on_a_reference_page():
+    """``::: lance_prefetch.NAME`` for each name of ``lance_prefetch.__all__`` (``__version__``: named
+    in the reference's text)."""
+    reference = "".join(p.read_text() for p in (ROOT / "docs" / "reference").glob("*.md"))
+    documented = set(re.findall(r"^::: lance_prefetch\.(\w+)$", reference, re.M))
+    expected = set(lance_prefetch.__all__) - {"__version__"}
+    assert expected - documented == set(), "public names without a reference entry"
+    assert "`lance_prefetch.__version__`" in reference
 
 
 RELIABILITY = ROOT / "docs" / "reliability.md"
@@ -113,14 +173,16 @@ def test_every_test_reliability_md_cites_exists():
 
 
 def test_the_links_to_reliability_md_sections_resolve():
-    """Its own ``(#section)`` links (the at-a-glance table's) and README's ``reliability.md#...``."""
+    """Its own ``(#section)`` links (the at-a-glance table's), and the README's and the guide's
+    ``reliability.md#...``."""
     page = RELIABILITY.read_text()
     slugs = {
         re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
         for title in re.findall(r"^#{2,} (.+)$", page, re.M)
     }
     links = re.findall(r"\]\(#([\w-]+)\)", page)
-    links += re.findall(r"reliability\.md#([\w-]+)", (ROOT / "README.md").read_text())
+    for other in (README, GUIDE):
+        links += re.findall(r"reliability\.md#([\w-]+)", other.read_text())
     assert len(links) > 20, "few links found: has the page's form changed?"
     missing = sorted(set(links) - slugs)
     assert missing == [], f"links to no section of docs/reliability.md: {missing}"

