@@ -1,4 +1,4 @@
-"""loader.stats() and log_every: exact counts, rates on a fake clock, waiting measured where it
+"""loader.stats() and log_every_s: exact counts, rates on a fake clock, waiting measured where it
 happens, live queue and in-flight counts, and the logging option."""
 
 from __future__ import annotations
@@ -249,9 +249,9 @@ def test_queue_depth_and_in_flight_while_reads_are_held(ids_1003):
     assert loader.stats().batches == 10
 
 
-def test_log_every_logs_a_line_of_stats(ids_1003, caplog):
+def test_log_every_s_logs_a_line_of_stats(ids_1003, caplog):
     caplog.set_level(logging.INFO, logger="lance_prefetch.stats")
-    loader = PrefetchLoader(ids_1003, 100, columns=["id"], log_every=0.05)
+    loader = PrefetchLoader(ids_1003, 100, columns=["id"], log_every_s=0.05)
     for _ in loader:
         time.sleep(0.02)
     lines = [r.getMessage() for r in caplog.records if r.name == "lance_prefetch.stats"]
@@ -266,16 +266,16 @@ def test_log_every_logs_a_line_of_stats(ids_1003, caplog):
 @pytest.mark.parametrize(
     "value,error,message",
     [
-        (0, ValueError, r"log_every should be a finite number of seconds > 0"),
-        (-1.0, ValueError, r"log_every should be a finite number of seconds > 0"),
-        (math.inf, ValueError, r"but got log_every=inf"),
-        ("10", TypeError, r"log_every should be a number of seconds or None, but got '10'"),
-        (True, TypeError, r"log_every should be a number of seconds or None, but got True"),
+        (0, ValueError, r"log_every_s should be a finite number of seconds > 0"),
+        (-1.0, ValueError, r"log_every_s should be a finite number of seconds > 0"),
+        (math.inf, ValueError, r"but got log_every_s=inf"),
+        ("10", TypeError, r"log_every_s should be a number of seconds or None, but got '10'"),
+        (True, TypeError, r"log_every_s should be a number of seconds or None, but got True"),
     ],
 )
-def test_bad_log_every_is_refused_before_any_io(value, error, message):
+def test_bad_log_every_s_is_refused_before_any_io(value, error, message):
     with pytest.raises(error, match=message):
-        PrefetchLoader("/nonexistent/never/opened.lance", 4, log_every=value)
+        PrefetchLoader("/nonexistent/never/opened.lance", 4, log_every_s=value)
 
 
 def test_snapshots_from_another_thread_are_consistent(ids_1003):

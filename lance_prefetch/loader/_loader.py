@@ -139,7 +139,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             ``next()``; a pass: :attr:`audit_report`). An epoch cut short is not audited.
             ``True`` is :class:`~lance_prefetch.options.Audit` ``()``; with DataLoader workers,
             ``Audit(dir=...)``. Default: ``False``.
-        log_every (float, optional): log :meth:`stats` every this many seconds (INFO, logger
+        log_every_s (float, optional): log :meth:`stats` every this many seconds (INFO, logger
             ``"lance_prefetch.stats"``). Default: ``None``, never.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
@@ -179,7 +179,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
         pin_memory: bool = False,
         device: str | int | torch.device | None = None,
         audit: bool | Audit = False,
-        log_every: float | None = None,
+        log_every_s: float | None = None,
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch.loader._config.LoaderConfig`).
@@ -200,7 +200,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
             pin_memory=pin_memory,
             device=device,
             audit=audit,
-            log_every_s=log_every,
+            log_every_s=log_every_s,
         )
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
@@ -239,7 +239,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     transform = _option("transform", "Applied to each converted batch, or ``None``.")
     cache = _option("cache", "The ``MemoryCache``, ``DiskCache`` or ``None`` in use.")
     audit = _option("audit", "The :class:`~lance_prefetch.options.Audit` in use, or ``None``.")
-    log_every = _option("log_every_s", "Seconds between logged :meth:`stats`, or ``None``.")
+    log_every_s = _option("log_every_s", "Seconds between logged :meth:`stats`, or ``None``.")
 
     @property
     def rank(self) -> int:
@@ -572,7 +572,7 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     def stats(self) -> LoaderStats:
         """Telemetry of the latest iteration in this process (:class:`LoaderStats`: rows/s,
         MiB/s, wait fraction, queue depth, take latency, retries, hedges); cheap and safe from any
-        thread. DataLoader workers' iterations are not seen here (use ``log_every``). Before any
+        thread. DataLoader workers' iterations are not seen here (use ``log_every_s``). Before any
         iteration: zeros with ``epoch=None``."""
         telemetry = self._telemetry
         return LoaderStats() if telemetry is None else telemetry.snapshot()
