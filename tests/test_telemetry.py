@@ -3,6 +3,7 @@ happens, live queue and in-flight counts, and the logging option."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -151,6 +152,82 @@ def test_stats_after_an_epoch_count_every_batch_and_row(make_loader, ids_1003):
     frozen = loader.stats()  # the iteration is over: nothing moves any more
     time.sleep(0.05)
     assert loader.stats() == frozen
+
+
+KEYS = [
+    "epoch",
+    "worker_id",
+    "batches",
+    "rows",
+    "elapsed_s",
+    "rows_per_s",
+    "rows_per_s_total",
+    "mib_per_s",
+    "mib_per_s_total",
+    "wait_fraction",
+    "wait_fraction_total",
+    "queue_depth",
+    "in_flight",
+    "take_ms_p50",
+    "take_ms_p95",
+    "take_ms_p99",
+    "retries",
+    "hedges",
+    "hedges_won",
+    "cache_hit_ratio",
+    "readahead",
+    "max_in_flight",
+    "window_s",
+]
+
+
+def test_to_dict_before_any_iteration_is_plain_and_json_safe(ids_1003):
+    """Every key, in order; the latencies' nan are None, so strict JSON takes the dict."""
+    plain = PrefetchLoader(ids_1003, 100).stats().to_dict()
+    assert list(plain) == KEYS
+    assert plain == {
+        **dict.fromkeys(KEYS, 0),
+        "epoch": None,
+        "worker_id": None,
+        "take_ms_p50": None,
+        "take_ms_p95": None,
+        "take_ms_p99": None,
+        "cache_hit_ratio": None,
+        "window_s": 10.0,
+    }
+    assert json.loads(json.dumps(plain, allow_nan=False)) == plain
+
+
+def test_to_dict_after_an_epoch_holds_the_snapshot_as_plain_numbers(ids_1003):
+    loader = PrefetchLoader(ids_1003, 100, columns=["id"], drop_last=False)
+    assert sum(len(batch["id"]) for batch in loader) == 1003
+    stats = loader.stats()
+    plain = stats.to_dict()
+    assert list(plain) == KEYS
+    assert plain == {key: getattr(stats, key) for key in KEYS}
+    assert (plain["epoch"], plain["batches"], plain["rows"]) == (0, 11, 1003)
+    floats = {key for key in KEYS if key.endswith(("_s", "_total", "_fraction")) or "_ms_" in key}
+    assert floats == {
+        "elapsed_s",
+        "rows_per_s",
+        "rows_per_s_total",
+        "mib_per_s",
+        "mib_per_s_total",
+        "wait_fraction",
+        "wait_fraction_total",
+        "take_ms_p50",
+        "take_ms_p95",
+        "take_ms_p99",
+        "window_s",
+    }
+    nones = {"worker_id", "cache_hit_ratio"}  # main process, no cache
+    assert {key: type(value) for key, value in plain.items()} == {
+        key: float if key in floats else type(None) if key in nones else int for key in KEYS
+    }
+    assert plain["take_ms_p50"] > 0
+    assert json.loads(json.dumps(plain, allow_nan=False)) == plain
+    plain["batches"] = -1  # a copy
+    assert loader.stats().batches == 11
 
 
 def slow_takes(loader, seconds):
