@@ -572,8 +572,10 @@ class PrefetchLoader(SourceFacade, IterableDataset):
     def stats(self) -> LoaderStats:
         """Telemetry of the latest iteration in this process (:class:`LoaderStats`: rows/s,
         MiB/s, wait fraction, queue depth, take latency, retries, hedges); cheap and safe from any
-        thread. DataLoader workers' iterations are not seen here (use ``log_every_s``). Before any
-        iteration: zeros with ``epoch=None``."""
+        thread; ``stats().to_dict()`` as plain numbers for a metrics logger (Lightning:
+        :class:`~lance_prefetch.integrations.lightning.LoaderStatsLogger`). DataLoader workers'
+        iterations are not seen here (use ``log_every_s``). Before any iteration: zeros with
+        ``epoch=None``."""
         telemetry = self._telemetry
         return LoaderStats() if telemetry is None else telemetry.snapshot()
 
