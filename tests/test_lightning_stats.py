@@ -78,7 +78,9 @@ def test_step_and_epoch_figures_reach_the_logger(ids_1003, tmp_path):
     assert [step for step, _ in logged(rows, "loader/batches")] == steps
     # the batches of the epoch so far: batch_idx + 1 (Lightning reads none ahead of the step)
     assert [value for _, value in logged(rows, "loader/batches")] == [3, 6, 9, 2, 5, 8]
-    assert logged(rows, "epoch/batches") == [(9, 10.0), (19, 10.0)]
+    # at trainer.global_step, with the epoch
+    assert logged(rows, "epoch/batches") == [(10, 10.0), (20, 10.0)]
+    assert [r["epoch"] for r in rows if r["epoch/batches"]] == ["0", "1"]
     for name in ("loader/wait_fraction", "epoch/wait_fraction_total"):
         assert all(0.0 <= value <= 1.0 for _, value in logged(rows, name)), name
     for name in ("loader/rows_per_s", "loader/mib_per_s", "epoch/rows_per_s_total"):
@@ -97,10 +99,10 @@ def test_several_loaders_are_numbered_and_other_iterables_left_alone(ids_1003, t
     rows = fit(tmp_path, loaders, [logger], epochs=1, log_every_n_steps=50)
     # Lightning's default "max_size_cycle" mode: the longer "a" ends the epoch at 10 batches,
     # "b" (5 an epoch) goes round twice (its latest iteration: 5); "c" is no PrefetchLoader
-    assert logged(rows, "loader/0/batches") == [(9, 10.0)]
-    assert logged(rows, "loader/0/rows") == [(9, 1000.0)]
-    assert logged(rows, "loader/1/batches") == [(9, 5.0)]
-    assert logged(rows, "loader/1/rows") == [(9, 1000.0)]
+    assert logged(rows, "loader/0/batches") == [(10, 10.0)]
+    assert logged(rows, "loader/0/rows") == [(10, 1000.0)]
+    assert logged(rows, "loader/1/batches") == [(10, 5.0)]
+    assert logged(rows, "loader/1/rows") == [(10, 1000.0)]
     names = {name for row in rows for name, value in row.items() if value}
     assert names == {"epoch", "step"} | {
         f"loader/{i}/{key}" for i in (0, 1) for key in ("batches", "rows")

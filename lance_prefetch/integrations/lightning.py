@@ -125,15 +125,16 @@ def _unsaved(iterables: Any) -> Iterator[Any]:
 
 class LoaderStatsLogger(Callback):
     """Log each training ``PrefetchLoader``'s :meth:`~lance_prefetch.PrefetchLoader.stats` to the
-    trainer's loggers (``Trainer(callbacks=[LoaderStatsLogger()])``), through
-    ``pl_module.log``, as ``"loader/<key>"`` (e.g. ``loader/wait_fraction``, ``loader/rows_per_s``;
-    with several loaders ``"loader/<i>/<key>"``, ``i`` their order among the train iterables).
+    trainer's loggers (``Trainer(callbacks=[LoaderStatsLogger()])``) as ``"loader/<key>"``
+    (e.g. ``loader/wait_fraction``, ``loader/rows_per_s``; with several loaders
+    ``"loader/<i>/<key>"``, ``i`` their order among the train iterables).
 
-    With ``logging_interval="step"`` the figures are logged at each training batch's end and
-    reach the loggers every ``Trainer(log_every_n_steps=...)`` steps, Lightning's own interval
-    (by default :data:`STEP_METRICS`: the last 10 s's wait fraction in ``[0, 1]``, rows/s and
-    MiB/s, the take latency p50 in ms, and the epoch's batches so far). With ``"epoch"`` they are
-    logged once at each training epoch's end (by default :data:`EPOCH_METRICS`: the whole
+    With ``logging_interval="step"`` the figures are logged through ``pl_module.log`` at each
+    training batch's end and reach the loggers every ``Trainer(log_every_n_steps=...)`` steps,
+    Lightning's own interval (by default :data:`STEP_METRICS`: the last 10 s's wait fraction in
+    ``[0, 1]``, rows/s and MiB/s, the take latency p50 in ms, and the epoch's batches so far).
+    With ``"epoch"`` they go to each of ``trainer.loggers`` once at each training epoch's end, at
+    step ``trainer.global_step``, with the ``epoch`` (by default :data:`EPOCH_METRICS`: the whole
     epoch's figures).
 
     Loaders are found as :class:`LoaderEpochs` finds them: Lightning's train iterables, or their
@@ -183,11 +184,18 @@ class LoaderStatsLogger(Callback):
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.logging_interval == "step":
-            self._log(trainer, pl_module, on_step=True)
+            for name, value in self.figures(trainer).items():
+                pl_module.log(name, value, on_step=True, on_epoch=False, rank_zero_only=True)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.logging_interval == "epoch":
-            self._log(trainer, pl_module, on_step=False)
+        # straight to the loggers (they write on rank 0 only): an epoch-level pl_module.log
+        # without sync_dist warns under DDP, and a sync would hang if ranks log different names
+        if self.logging_interval == "epoch" and trainer.is_global_zero:
+            figures = self.figures(trainer)
+            if figures:
+                metrics = {**figures, "epoch": trainer.current_epoch}
+                for logger in trainer.loggers:
+                    logger.log_metrics(metrics, step=trainer.global_step)
 
     def figures(self, trainer: Any) -> dict[str, float]:
         """The metrics to log now: name -> value, for each training loader with an iteration in
@@ -213,7 +221,3 @@ class LoaderStatsLogger(Callback):
                 if value is not None and not math.isnan(value):
                     found[f"{where}/{metric}"] = float(value)
         return found
-
-    def _log(self, trainer: Any, pl_module: Any, *, on_step: bool) -> None:
-        for name, value in self.figures(trainer).items():
-            pl_module.log(name, value, on_step=on_step, on_epoch=not on_step, rank_zero_only=True)
