@@ -115,7 +115,13 @@ def test_several_loaders_are_numbered_and_other_iterables_left_alone(ids_1003, t
         (("batch",), {}, ValueError, r"^logging_interval should be 'step' or 'epoch', but got "),
         ((), {"metrics": "rows"}, TypeError, r"^metrics should be a sequence of LoaderStats keys"),
         ((), {"metrics": []}, ValueError, r"^metrics should name at least one LoaderStats key"),
-        ((), {"prefix": ""}, ValueError, r"^prefix should be a non-empty string, but got "),
+        ((), {"prefix": ""}, ValueError, r"^prefix should be a non-empty string, e\.g\. 'loader'"),
+        (
+            (),
+            {"prefix": 3},
+            TypeError,
+            r"^prefix should be a string, e\.g\. 'loader', but got prefix=3$",
+        ),
     ],
 )
 def test_bad_arguments_are_refused(args, kwargs, error, message):

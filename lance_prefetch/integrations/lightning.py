@@ -26,7 +26,6 @@ Importing this module imports ``lightning`` (``pip install lightning``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -174,8 +173,10 @@ class LoaderStatsLogger(Callback):
             )
         if not metrics:
             raise ValueError("metrics should name at least one LoaderStats key, but got none")
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"prefix should be a non-empty string, but got prefix={prefix!r}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix should be a string, e.g. 'loader', but got prefix={prefix!r}")
+        if not prefix:
+            raise ValueError("prefix should be a non-empty string, e.g. 'loader', but got ''")
         self.logging_interval = logging_interval
         self.metrics = tuple(metrics)
         self.prefix = prefix
@@ -204,9 +205,8 @@ class LoaderStatsLogger(Callback):
         found: dict[str, float] = {}
         for i, loader in enumerate(loaders):
             stats = loader.stats() if callable(getattr(loader, "stats", None)) else None
-            if (
-                stats is None or stats.epoch is None
-            ):  # read elsewhere (DataLoader workers), or not yet
+            # none read in this process (in DataLoader workers), or not yet: nothing to log
+            if stats is None or stats.epoch is None:
                 continue
             plain = stats.to_dict()
             unknown = [m for m in self.metrics if m not in plain]
@@ -218,6 +218,6 @@ class LoaderStatsLogger(Callback):
             where = self.prefix if len(loaders) == 1 else f"{self.prefix}/{i}"
             for metric in self.metrics:
                 value = plain[metric]
-                if value is not None and not math.isnan(value):
+                if value is not None:  # to_dict() has no nan
                     found[f"{where}/{metric}"] = float(value)
         return found
