@@ -2,7 +2,8 @@
 README's example run as they are, and every line of frameworks.md's ``<!-- excerpt: path -->``
 snippets is a line of that example (which test_frameworks.py runs under the real framework); every
 test docs/reliability.md cites exists; the README stays a short first screen; every page is in the
-site's nav and every public name on an API reference page."""
+site's nav and every public name on an API reference page; docs/stats.md lists every figure of
+``LoaderStats`` and quotes its example."""
 
 from __future__ import annotations
 
@@ -186,3 +187,22 @@ def test_the_links_to_reliability_md_sections_resolve():
     assert len(links) > 20, "few links found: has the page's form changed?"
     missing = sorted(set(links) - slugs)
     assert missing == [], f"links to no section of docs/reliability.md: {missing}"
+
+
+STATS = ROOT / "docs" / "stats.md"
+
+
+def test_stats_page_lists_every_key_of_to_dict_in_order():
+    """docs/stats.md's table of figures has one row per ``LoaderStats.to_dict()`` key, in order."""
+    from lance_prefetch import LoaderStats
+
+    rows = re.findall(r"^\| `(\w+)` \|", STATS.read_text(), re.M)
+    assert rows == list(LoaderStats().to_dict())
+
+
+def test_stats_page_excerpts_are_lines_of_their_example():
+    found = [(m.group(2), m.group(3)) for m in BLOCK.finditer(STATS.read_text()) if m.group(2)]
+    assert [path for path, _ in found] == ["examples/tensorboard_stats.py"]
+    for path, code in found:
+        source = {line.strip() for line in (ROOT / path).read_text().splitlines()}
+        assert [line for line in code.splitlines() if line.strip() not in source] == []

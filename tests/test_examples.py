@@ -1,4 +1,6 @@
-"""examples/pointcloud_knn.py: runs on a tiny size, and its neighbour lists are right."""
+"""examples/pointcloud_knn.py: runs on a tiny size, and its neighbour lists are right;
+examples/tensorboard_stats.py: the event file TensorBoard reads back holds the loader's scalars at
+the steps and epochs the example writes them."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
 from lance_prefetch import LanceMapDataset, collate
@@ -79,3 +82,37 @@ def test_example_runs_on_a_tiny_size(tmp_path):
     lines = done.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["num_workers=0", "num_workers=1"]
     assert all("clouds/s, accuracy" in line for line in lines)
+
+
+@pytest.fixture
+def tensorboard_stats():
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import tensorboard_stats
+
+        yield tensorboard_stats
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+def test_the_event_file_holds_the_loaders_scalars(tensorboard_stats, tmp_path):
+    """203 rows, 10-row batches (20 full ones an epoch), 2 epochs, stats every 5 steps: 8 step
+    points (5 ... 40) of each step key, 2 epoch points (0, 1) of each epoch key."""
+    logdir = tmp_path / "runs"
+    argv = ["--uri", str(tmp_path / "data.lance"), "--logdir", str(logdir), "--rows", "203"]
+    argv += ["--batch-size", "10", "--every-n-steps", "5"]
+    tensorboard_stats.train(tensorboard_stats.parse_args(argv))
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    step_tags = [f"loader/{key}" for key in tensorboard_stats.STEP_KEYS]
+    epoch_tags = [f"loader_epoch/{key}" for key in tensorboard_stats.EPOCH_KEYS]
+    assert sorted(events.Tags()["scalars"]) == sorted(["train/loss", *step_tags, *epoch_tags])
+    for tag in ["train/loss", *step_tags]:
+        assert [e.step for e in events.Scalars(tag)] == list(range(5, 41, 5)), tag
+    for tag in epoch_tags:
+        assert [e.step for e in events.Scalars(tag)] == [0, 1], tag
+    assert [e.value for e in events.Scalars("loader_epoch/batches")] == [20, 20]
+    for tag in ("loader/wait_fraction", "loader_epoch/wait_fraction_total"):
+        assert all(0 <= e.value <= 1 for e in events.Scalars(tag)), tag
+    for tag in ("loader/rows_per_s", "loader/take_ms_p50", "loader_epoch/rows_per_s_total"):
+        assert all(e.value > 0 for e in events.Scalars(tag)), tag

@@ -126,7 +126,7 @@ def test_the_loader_takes_its_source_batch_size_and_16_keywords():
         ("pin_memory", "KEYWORD_ONLY", False),
         ("device", "KEYWORD_ONLY", None),
         ("audit", "KEYWORD_ONLY", False),
-        ("log_every", "KEYWORD_ONLY", None),
+        ("log_every_s", "KEYWORD_ONLY", None),
     ]
     assert signature_of(lance_prefetch.LanceMapDataset.__init__) == [
         ("source", "POSITIONAL_OR_KEYWORD", "-"),

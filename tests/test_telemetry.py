@@ -1,8 +1,9 @@
-"""loader.stats() and log_every: exact counts, rates on a fake clock, waiting measured where it
+"""loader.stats() and log_every_s: exact counts, rates on a fake clock, waiting measured where it
 happens, live queue and in-flight counts, and the logging option."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -153,6 +154,82 @@ def test_stats_after_an_epoch_count_every_batch_and_row(make_loader, ids_1003):
     assert loader.stats() == frozen
 
 
+KEYS = [
+    "epoch",
+    "worker_id",
+    "batches",
+    "rows",
+    "elapsed_s",
+    "rows_per_s",
+    "rows_per_s_total",
+    "mib_per_s",
+    "mib_per_s_total",
+    "wait_fraction",
+    "wait_fraction_total",
+    "queue_depth",
+    "in_flight",
+    "take_ms_p50",
+    "take_ms_p95",
+    "take_ms_p99",
+    "retries",
+    "hedges",
+    "hedges_won",
+    "cache_hit_ratio",
+    "readahead",
+    "max_in_flight",
+    "window_s",
+]
+
+
+def test_to_dict_before_any_iteration_is_plain_and_json_safe(ids_1003):
+    """Every key, in order; the latencies' nan are None, so strict JSON takes the dict."""
+    plain = PrefetchLoader(ids_1003, 100).stats().to_dict()
+    assert list(plain) == KEYS
+    assert plain == {
+        **dict.fromkeys(KEYS, 0),
+        "epoch": None,
+        "worker_id": None,
+        "take_ms_p50": None,
+        "take_ms_p95": None,
+        "take_ms_p99": None,
+        "cache_hit_ratio": None,
+        "window_s": 10.0,
+    }
+    assert json.loads(json.dumps(plain, allow_nan=False)) == plain
+
+
+def test_to_dict_after_an_epoch_holds_the_snapshot_as_plain_numbers(ids_1003):
+    loader = PrefetchLoader(ids_1003, 100, columns=["id"], drop_last=False)
+    assert sum(len(batch["id"]) for batch in loader) == 1003
+    stats = loader.stats()
+    plain = stats.to_dict()
+    assert list(plain) == KEYS
+    assert plain == {key: getattr(stats, key) for key in KEYS}
+    assert (plain["epoch"], plain["batches"], plain["rows"]) == (0, 11, 1003)
+    floats = {key for key in KEYS if key.endswith(("_s", "_total", "_fraction")) or "_ms_" in key}
+    assert floats == {
+        "elapsed_s",
+        "rows_per_s",
+        "rows_per_s_total",
+        "mib_per_s",
+        "mib_per_s_total",
+        "wait_fraction",
+        "wait_fraction_total",
+        "take_ms_p50",
+        "take_ms_p95",
+        "take_ms_p99",
+        "window_s",
+    }
+    nones = {"worker_id", "cache_hit_ratio"}  # main process, no cache
+    assert {key: type(value) for key, value in plain.items()} == {
+        key: float if key in floats else type(None) if key in nones else int for key in KEYS
+    }
+    assert plain["take_ms_p50"] > 0
+    assert json.loads(json.dumps(plain, allow_nan=False)) == plain
+    plain["batches"] = -1  # a copy
+    assert loader.stats().batches == 11
+
+
 def slow_takes(loader, seconds):
     take = loader._source.take
 
@@ -249,9 +326,9 @@ def test_queue_depth_and_in_flight_while_reads_are_held(ids_1003):
     assert loader.stats().batches == 10
 
 
-def test_log_every_logs_a_line_of_stats(ids_1003, caplog):
+def test_log_every_s_logs_a_line_of_stats(ids_1003, caplog):
     caplog.set_level(logging.INFO, logger="lance_prefetch.stats")
-    loader = PrefetchLoader(ids_1003, 100, columns=["id"], log_every=0.05)
+    loader = PrefetchLoader(ids_1003, 100, columns=["id"], log_every_s=0.05)
     for _ in loader:
         time.sleep(0.02)
     lines = [r.getMessage() for r in caplog.records if r.name == "lance_prefetch.stats"]
@@ -266,16 +343,16 @@ def test_log_every_logs_a_line_of_stats(ids_1003, caplog):
 @pytest.mark.parametrize(
     "value,error,message",
     [
-        (0, ValueError, r"log_every should be a finite number of seconds > 0"),
-        (-1.0, ValueError, r"log_every should be a finite number of seconds > 0"),
-        (math.inf, ValueError, r"but got log_every=inf"),
-        ("10", TypeError, r"log_every should be a number of seconds or None, but got '10'"),
-        (True, TypeError, r"log_every should be a number of seconds or None, but got True"),
+        (0, ValueError, r"log_every_s should be a finite number of seconds > 0"),
+        (-1.0, ValueError, r"log_every_s should be a finite number of seconds > 0"),
+        (math.inf, ValueError, r"but got log_every_s=inf"),
+        ("10", TypeError, r"log_every_s should be a number of seconds or None, but got '10'"),
+        (True, TypeError, r"log_every_s should be a number of seconds or None, but got True"),
     ],
 )
-def test_bad_log_every_is_refused_before_any_io(value, error, message):
+def test_bad_log_every_s_is_refused_before_any_io(value, error, message):
     with pytest.raises(error, match=message):
-        PrefetchLoader("/nonexistent/never/opened.lance", 4, log_every=value)
+        PrefetchLoader("/nonexistent/never/opened.lance", 4, log_every_s=value)
 
 
 def test_snapshots_from_another_thread_are_consistent(ids_1003):

@@ -1,5 +1,7 @@
 """PyTorch Lightning: :class:`LoaderEpochs`, a callback that sets the epoch of a ``PrefetchLoader``
-Lightning trains on inside a ``DataLoader`` or torchdata's ``StatefulDataLoader``.
+Lightning trains on inside a ``DataLoader`` or torchdata's ``StatefulDataLoader``, and
+:class:`LoaderStatsLogger`, a callback that logs the training loaders' ``stats()`` to the trainer's
+loggers.
 
 A ``PrefetchLoader`` returned from ``train_dataloader`` as it is needs no callback: Lightning
 calls ``set_epoch(epoch)`` on the ``sampler`` of each train iterable as each training epoch
@@ -24,12 +26,24 @@ Importing this module imports ``lightning`` (``pip install lightning``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from lightning.pytorch.callbacks import Callback
 
-__all__ = ["LoaderEpochs"]
+__all__ = ["EPOCH_METRICS", "LoaderEpochs", "LoaderStatsLogger", "STEP_METRICS"]
+
+#: What :class:`LoaderStatsLogger` logs by default, at each logging step: the recent window's
+#: figures (``LoaderStats`` keys).
+STEP_METRICS = ("wait_fraction", "rows_per_s", "mib_per_s", "take_ms_p50", "batches")
+#: ... and at each training epoch's end: the whole epoch's figures.
+EPOCH_METRICS = (
+    "wait_fraction_total",
+    "rows_per_s_total",
+    "mib_per_s_total",
+    "take_ms_p50",
+    "batches",
+)
 
 
 class LoaderEpochs(Callback):
@@ -106,3 +120,104 @@ def _unsaved(iterables: Any) -> Iterator[Any]:
         loader = _loader_of(iterable)
         if loader is not None and loader is not iterable and not hasattr(iterable, "state_dict"):
             yield loader
+
+
+class LoaderStatsLogger(Callback):
+    """Log each training ``PrefetchLoader``'s :meth:`~lance_prefetch.PrefetchLoader.stats` to the
+    trainer's loggers (``Trainer(callbacks=[LoaderStatsLogger()])``) as ``"loader/<key>"``
+    (e.g. ``loader/wait_fraction``, ``loader/rows_per_s``; with several loaders
+    ``"loader/<i>/<key>"``, ``i`` their order among the train iterables).
+
+    With ``logging_interval="step"`` the figures are logged through ``pl_module.log`` at each
+    training batch's end and reach the loggers every ``Trainer(log_every_n_steps=...)`` steps,
+    Lightning's own interval (by default :data:`STEP_METRICS`: the last 10 s's wait fraction in
+    ``[0, 1]``, rows/s and MiB/s, the take latency p50 in ms, and the epoch's batches so far).
+    With ``"epoch"`` they go to each of ``trainer.loggers`` once at each training epoch's end, at
+    step ``trainer.global_step``, with the ``epoch`` (by default :data:`EPOCH_METRICS`: the whole
+    epoch's figures).
+
+    Loaders are found as :class:`LoaderEpochs` finds them: Lightning's train iterables, or their
+    ``dataset``. The figures are this process's (rank 0's reach the loggers); a loader read in
+    DataLoader workers has no iteration in this process, and nothing is logged for it, nor for a
+    value that is ``None`` (``take_ms_p50`` before the first take returned).
+
+    Args:
+        logging_interval ("step" | "epoch", optional): when to log. Default: ``"step"``.
+        metrics (Sequence[str], optional): the :meth:`~lance_prefetch.LoaderStats.to_dict` keys to
+            log. Default: ``None``, :data:`STEP_METRICS` or :data:`EPOCH_METRICS`.
+        prefix (str, optional): the metric names' first part. Default: ``"loader"``.
+
+    Raises:
+        TypeError, ValueError: a wrong ``logging_interval``, ``metrics`` or ``prefix``; a name in
+            ``metrics`` that is no ``LoaderStats`` key (when the first figures are logged).
+    """
+
+    def __init__(
+        self,
+        logging_interval: Literal["step", "epoch"] = "step",
+        *,
+        metrics: Sequence[str] | None = None,
+        prefix: str = "loader",
+    ) -> None:
+        if logging_interval not in ("step", "epoch"):
+            raise ValueError(
+                f"logging_interval should be 'step' or 'epoch', but got "
+                f"logging_interval={logging_interval!r}"
+            )
+        if metrics is None:
+            metrics = STEP_METRICS if logging_interval == "step" else EPOCH_METRICS
+        if isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics):
+            raise TypeError(
+                f"metrics should be a sequence of LoaderStats keys, e.g. ['wait_fraction'], but "
+                f"got metrics={metrics!r}"
+            )
+        if not metrics:
+            raise ValueError("metrics should name at least one LoaderStats key, but got none")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix should be a string, e.g. 'loader', but got prefix={prefix!r}")
+        if not prefix:
+            raise ValueError("prefix should be a non-empty string, e.g. 'loader', but got ''")
+        self.logging_interval = logging_interval
+        self.metrics = tuple(metrics)
+        self.prefix = prefix
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.logging_interval == "step":
+            for name, value in self.figures(trainer).items():
+                pl_module.log(name, value, on_step=True, on_epoch=False, rank_zero_only=True)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        # straight to the loggers (they write on rank 0 only): an epoch-level pl_module.log
+        # without sync_dist warns under DDP, and a sync would hang if ranks log different names
+        if self.logging_interval == "epoch" and trainer.is_global_zero:
+            figures = self.figures(trainer)
+            if figures:
+                metrics = {**figures, "epoch": trainer.current_epoch}
+                for logger in trainer.loggers:
+                    logger.log_metrics(metrics, step=trainer.global_step)
+
+    def figures(self, trainer: Any) -> dict[str, float]:
+        """The metrics to log now: name -> value, for each training loader with an iteration in
+        this process."""
+        loaders = list(_loaders(trainer.train_dataloader))
+        found: dict[str, float] = {}
+        for i, loader in enumerate(loaders):
+            stats = loader.stats() if callable(getattr(loader, "stats", None)) else None
+            # none read in this process (in DataLoader workers), or not yet: nothing to log
+            if stats is None or stats.epoch is None:
+                continue
+            plain = stats.to_dict()
+            unknown = [m for m in self.metrics if m not in plain]
+            if unknown:
+                raise ValueError(
+                    f"metrics should be LoaderStats keys ({', '.join(plain)}), but got "
+                    f"{', '.join(map(repr, unknown))}"
+                )
+            where = self.prefix if len(loaders) == 1 else f"{self.prefix}/{i}"
+            for metric in self.metrics:
+                value = plain[metric]
+                if value is not None:  # to_dict() has no nan
+                    found[f"{where}/{metric}"] = float(value)
+        return found

@@ -82,7 +82,7 @@ class LoaderConfig:
     The fields are the loader's keyword arguments (see its docstring for each contract), each
     normalised: ``shuffle`` to a bool with the :class:`~lance_prefetch.options.Shuffle`'s
     ``permutation`` beside it (``"auto"`` when not shuffled), ``cache`` and ``audit`` to their
-    objects or ``None``, ``log_every`` to ``log_every_s`` (its unit in the name).
+    objects or ``None``.
     :attr:`placement` is ``pin_memory`` and ``device`` resolved.
 
     Raises:
@@ -144,7 +144,7 @@ class LoaderConfig:
         _set(
             self,
             "log_every_s",
-            check_seconds("log_every", self.log_every_s, positive=True, none_means="no logging"),
+            check_seconds("log_every_s", self.log_every_s, positive=True, none_means="no logging"),
         )
 
     @property

@@ -140,7 +140,7 @@ class PrefetchLoader(SourceFacade, IterableDataset[Any]):
             ``next()``; a pass: :attr:`audit_report`). An epoch cut short is not audited.
             ``True`` is :class:`~lance_prefetch.options.Audit` ``()``; with DataLoader workers,
             ``Audit(dir=...)``. Default: ``False``.
-        log_every (float, optional): log :meth:`stats` every this many seconds (INFO, logger
+        log_every_s (float, optional): log :meth:`stats` every this many seconds (INFO, logger
             ``"lance_prefetch.stats"``). Default: ``None``, never.
 
     Batches are ``dict[str, torch.Tensor]`` of shape ``(rows, ...)`` (lists for strings, binaries
@@ -180,7 +180,7 @@ class PrefetchLoader(SourceFacade, IterableDataset[Any]):
         pin_memory: bool = False,
         device: str | int | torch.device | None = None,
         audit: bool | Audit = False,
-        log_every: float | None = None,
+        log_every_s: float | None = None,
     ) -> None:
         super().__init__()
         #: The options as given, checked (:class:`~lance_prefetch.loader._config.LoaderConfig`).
@@ -203,7 +203,7 @@ class PrefetchLoader(SourceFacade, IterableDataset[Any]):
             pin_memory=pin_memory,
             device=device,
             audit=audit,  # type: ignore[arg-type]
-            log_every_s=log_every,
+            log_every_s=log_every_s,
         )
         self._ranks = Ranks(config.rank, config.world_size)
         self._telemetry: Telemetry | None = None  # the latest iteration in this process
@@ -242,7 +242,7 @@ class PrefetchLoader(SourceFacade, IterableDataset[Any]):
     transform = _option("transform", "Applied to each converted batch, or ``None``.")
     cache = _option("cache", "The ``MemoryCache``, ``DiskCache`` or ``None`` in use.")
     audit = _option("audit", "The :class:`~lance_prefetch.options.Audit` in use, or ``None``.")
-    log_every = _option("log_every_s", "Seconds between logged :meth:`stats`, or ``None``.")
+    log_every_s = _option("log_every_s", "Seconds between logged :meth:`stats`, or ``None``.")
 
     @property
     def rank(self) -> int:
@@ -577,8 +577,10 @@ class PrefetchLoader(SourceFacade, IterableDataset[Any]):
     def stats(self) -> LoaderStats:
         """Telemetry of the latest iteration in this process (:class:`LoaderStats`: rows/s,
         MiB/s, wait fraction, queue depth, take latency, retries, hedges); cheap and safe from any
-        thread. DataLoader workers' iterations are not seen here (use ``log_every``). Before any
-        iteration: zeros with ``epoch=None``."""
+        thread; ``stats().to_dict()`` as plain numbers for a metrics logger (Lightning:
+        :class:`~lance_prefetch.integrations.lightning.LoaderStatsLogger`). DataLoader workers'
+        iterations are not seen here (use ``log_every_s``). Before any iteration: zeros with
+        ``epoch=None``."""
         telemetry = self._telemetry
         return LoaderStats() if telemetry is None else telemetry.snapshot()
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -103,6 +103,23 @@ class LoaderStats:
     readahead: int = 0
     max_in_flight: int = 0
     window_s: float = WINDOW_S
+
+    def to_dict(self) -> dict[str, int | float | None]:
+        """The snapshot as plain Python numbers, for a metrics logger or ``json.dumps``.
+
+        One key per attribute above, in their order (``epoch``, ``worker_id``, ``batches``,
+        ``rows``, ``elapsed_s``, ``rows_per_s``, ``rows_per_s_total``, ``mib_per_s``,
+        ``mib_per_s_total``, ``wait_fraction``, ``wait_fraction_total``, ``queue_depth``,
+        ``in_flight``, ``take_ms_p50``, ``take_ms_p95``, ``take_ms_p99``, ``retries``, ``hedges``,
+        ``hedges_won``, ``cache_hit_ratio``, ``readahead``, ``max_in_flight``, ``window_s``),
+        flat; each value an ``int``, a ``float`` or ``None``. A ``nan`` (the take latencies
+        before the first take returned) is ``None``, so the dict passes
+        ``json.dumps(..., allow_nan=False)``.
+
+        Returns:
+            dict[str, int | float | None]: a new dict; changing it changes nothing here.
+        """
+        return {field.name: _plain(getattr(self, field.name)) for field in fields(self)}
 
     def __str__(self) -> str:
         where = "" if self.worker_id is None else f" worker {self.worker_id}"
@@ -277,6 +294,14 @@ class Telemetry:
             max_in_flight=prefetch.max_in_flight,
             window_s=self.window_s,
         )
+
+
+def _plain(value: int | float | None) -> int | float | None:
+    """``value`` as a plain ``int`` or ``float`` (``nan``: ``None``)."""
+    if value is None or isinstance(value, int):
+        return value
+    value = float(value)
+    return None if math.isnan(value) else value
 
 
 def _expire(samples: deque, before: float) -> None:  # type: ignore[type-arg]
