@@ -1,0 +1,94 @@
+"""docs/recipes.md, for real: Hugging Face's ``Trainer`` (examples/hf_trainer.py), Ray Data
+preprocessing into a dataset the loader reads (examples/ray_data_preprocess.py), and a Jupyter
+notebook run by a real kernel; and the loader's refusal of a batching ``DataLoader``.
+
+transformers, ray, nbclient, nbformat and ipykernel are installed by ``make test``: a missing one
+fails here at import, never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import lance
+import pytest
+import transformers  # noqa: F401  (installed: a missing framework fails the module)
+from test_frameworks import run
+from torch.utils.data import DataLoader
+
+from lance_prefetch import PrefetchLoader
+
+ROOT = Path(__file__).parents[1]
+EXAMPLES = ROOT / "examples"
+SUPPORT = Path(__file__).parent / "support"
+REBATCHING = "a DataLoader with a batch_size (not None) iterates this PrefetchLoader"
+
+
+def test_a_batching_dataloader_is_refused(ids_25):
+    """``DataLoader(loader)`` (``batch_size=1``) and ``DataLoader(loader, batch_size=4)`` would
+    stack the loader's batches into batches of batches: refused at ``iter()``, naming the fix;
+    ``batch_size=None`` hands the loader's batches out as they are."""
+    loader = PrefetchLoader(ids_25, 5, seed=0)
+    for data in (DataLoader(loader), DataLoader(loader, batch_size=4)):
+        with pytest.raises(ValueError) as error:
+            iter(data)
+        assert str(error.value).startswith(REBATCHING + ", which yields whole batches of 5 rows")
+        assert "Use DataLoader(loader, batch_size=None)" in str(error.value)
+    batches = [batch["id"].tolist() for batch in DataLoader(loader, batch_size=None)]
+    assert batches == [b.indices.tolist() for b in loader.epoch_plan(0).rank_batches(0)]
+
+
+def epoch_batches(uri: str, epoch: int, batch_size: int) -> list[list[int]]:
+    """The ``id``s of each batch of ``epoch`` (seed 0, one rank), from the loader's plan: the
+    plan's row positions mapped to the dataset's ``id`` column."""
+    loader = PrefetchLoader(uri, batch_size, columns=["id"], seed=0)
+    ids = lance.dataset(uri).to_table(columns=["id"])["id"].to_pylist()
+    return [[ids[i] for i in b.indices.tolist()] for b in loader.epoch_plan(epoch).rank_batches(0)]
+
+
+@pytest.mark.slow
+def test_hf_trainer_trains_on_the_loaders_batches_and_resumes_exactly(tmp_path):
+    """examples/hf_trainer.py, 1 CPU process, 64 rows, batches of 8, 2 epochs: the model's
+    forward saw, step for step, the loader's plan of epoch 0 then epoch 1 (8 ids a batch, each id
+    once an epoch: no batches of batches, ``set_epoch`` reached the loader); a run resumed from
+    ``checkpoint-11`` (epoch 1, after its batch 2) trained on the full run's last 5 batches. A
+    stock ``Trainer`` given the loader meets the loader's refusal."""
+    out = run([sys.executable, str(SUPPORT / "hf_trainer_runs.py"), str(tmp_path)])
+    uri = str(tmp_path / "data.lance")
+    full = [json.loads(line)["ids"] for line in (tmp_path / "full.jsonl").read_text().splitlines()]
+    plans = [epoch_batches(uri, epoch, 8) for epoch in range(2)]
+    assert full == plans[0] + plans[1]
+    for plan in plans:
+        assert sorted(i for batch in plan for i in batch) == list(range(64))
+    resumed = (tmp_path / "resumed.jsonl").read_text().splitlines()
+    assert [json.loads(line)["ids"] for line in resumed] == full[11:]
+    assert "trained 16 steps, 16 of them in this run" in out
+    assert "trained 16 steps, 5 of them in this run" in out
+    assert f"stock Trainer: {REBATCHING}, which yields whole batches of 8 rows" in out
+
+
+@pytest.mark.system
+@pytest.mark.slow
+def test_ray_data_preprocessed_dataset_reads_uniform_batches(tmp_path):
+    """examples/ray_data_preprocess.py (a local Ray cluster of 1 CPU, 100 raw rows): Ray Data's
+    tasks wrote 5 fragments, committed as version 1; the loader's epochs 0 and 1 are its plan,
+    batch for batch (10 ids each, every id once an epoch), and every row holds what
+    ``preprocess`` computes from its raw row."""
+    raw, ready = str(tmp_path / "raw.lance"), str(tmp_path / "ready.lance")
+    command = [sys.executable, str(SUPPORT / "ray_data_runs.py"), raw, ready]
+    out = run(command, timeout=200)
+    assert "epoch 1: 10 batches from version 1" in out
+    recorded = json.loads(out.splitlines()[-1])
+    dataset = lance.dataset(ready)
+    assert dataset.version == 1 and len(dataset.get_fragments()) == 5
+    for epoch in range(2):
+        assert recorded[epoch] == epoch_batches(ready, epoch, 10)
+        assert sorted(i for batch in recorded[epoch] for i in batch) == list(range(100))
+    rows = {row["id"]: row for row in dataset.to_table().to_pylist()}
+    for i in range(100):
+        text = f"row {i}: " + "ab" * (i % 7)
+        expected = [text.count("a"), text.count("b"), text.count("r"), text.count(" ")]
+        assert rows[i] == {"id": i, "length": len(text), "counts": expected}, i
+    assert rows[6] == {"id": 6, "length": 19, "counts": [6, 6, 1, 2]}  # "row 6: abababababab"
