@@ -9,6 +9,7 @@ fails here at import, never skips.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -92,3 +93,88 @@ def test_ray_data_preprocessed_dataset_reads_uniform_batches(tmp_path):
         expected = [text.count("a"), text.count("b"), text.count("r"), text.count(" ")]
         assert rows[i] == {"id": i, "length": len(text), "counts": expected}, i
     assert rows[6] == {"id": 6, "length": 19, "counts": [6, 6, 1, 2]}  # "row 6: abababababab"
+
+
+#: The notebook of test_notebook_recipes, a cell a string.
+NOTEBOOK = [
+    """\
+import json
+import re
+
+import lance
+import numpy as np
+import pyarrow as pa
+from torch.utils.data import DataLoader
+
+from lance_prefetch import PrefetchLoader
+
+lance.write_dataset(pa.table({"id": np.arange(20)}), "ids.lance")""",
+    # the pitfall: a function defined in the notebook, in a spawn DataLoader worker
+    """\
+def double(batch):
+    return {"id": batch["id"], "twice": 2 * batch["id"]}
+
+loader = PrefetchLoader("ids.lance", 5, seed=0, transform=double)
+data = DataLoader(loader, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+try:
+    next(iter(data))
+except RuntimeError as error:
+    print("RuntimeError:", error)""",
+    # recipe 1: no DataLoader workers; the loader's read threads run the transform
+    """\
+loader = PrefetchLoader("ids.lance", 5, seed=0, transform=double)
+print(json.dumps([batch["twice"].tolist() for batch in loader]))""",
+    # recipe 2: the transform in a module next to the notebook, importable by the workers
+    """\
+%%writefile transforms.py
+def double(batch):
+    return {"id": batch["id"], "twice": 2 * batch["id"]}""",
+    """\
+import transforms
+
+loader = PrefetchLoader("ids.lance", 5, seed=0, transform=transforms.double)
+data = DataLoader(loader, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+print(json.dumps([batch["twice"].tolist() for batch in data]))""",
+]
+
+
+@pytest.mark.slow
+def test_notebook_recipes(tmp_path, monkeypatch, capfd):
+    """The cells of ``NOTEBOOK`` run by a real IPython kernel (this interpreter's, from a
+    kernelspec written for it): a transform defined in the notebook kills a spawn DataLoader
+    worker (it cannot unpickle ``__main__.double``: the worker's error and the DataLoader's are
+    the ones docs/recipes.md quotes); iterated without workers, the loader runs it in its read threads;
+    imported from a module, it runs in a spawn worker. Both read epoch 0's plan, doubled."""
+    import ipykernel.kernelspec
+    import nbformat
+    from nbclient import NotebookClient
+
+    ipykernel.kernelspec.install(kernel_name="lance-prefetch-test", prefix=str(tmp_path / "k"))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "k" / "share" / "jupyter"))
+    cells = [nbformat.v4.new_code_cell(source) for source in NOTEBOOK]
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    client = NotebookClient(
+        notebook,
+        kernel_name="lance-prefetch-test",
+        timeout=90,
+        resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working folder
+    )
+    client.execute()
+    streams = [
+        [(out["name"], out["text"]) for out in cell.outputs if out["output_type"] == "stream"]
+        for cell in notebook.cells
+    ]
+    stdout = ["".join(text for name, text in cell if name == "stdout") for cell in streams]
+    stderr = "".join(text for cell in streams for name, text in cell if name == "stderr")
+    assert re.fullmatch(
+        r"RuntimeError: DataLoader worker \(pid\(s\) \d+\) exited unexpectedly\n", stdout[1]
+    )
+    # the worker's traceback: in the cell's output, or (ipykernel may not capture a child's
+    # output in time) on the kernel's own stderr, which is this process's
+    worker_error = "AttributeError: Can't get attribute 'double' on <module '__main__' (built-in)>"
+    assert worker_error in stderr + capfd.readouterr().err
+    uri = str(tmp_path / "ids.lance")
+    plan = [[2 * i for i in batch] for batch in epoch_batches(uri, 0, 5)]
+    assert json.loads(stdout[2]) == plan
+    assert (tmp_path / "transforms.py").exists()
+    assert json.loads(stdout[4]) == plan
