@@ -24,7 +24,25 @@ from lance_prefetch import PrefetchLoader
 ROOT = Path(__file__).parents[1]
 EXAMPLES = ROOT / "examples"
 SUPPORT = Path(__file__).parent / "support"
+PAGE = ROOT / "docs" / "recipes.md"
+EXCERPT = re.compile(r"<!-- excerpt: (\S+) -->\n```python\n(.*?)```", re.S)
 REBATCHING = "a DataLoader with a batch_size (not None) iterates this PrefetchLoader"
+
+
+def test_the_pages_excerpts_are_lines_of_their_examples():
+    """Every line of docs/recipes.md's ``<!-- excerpt: path -->`` snippets is a line of that
+    example (which the tests below run), and the error it quotes is the loader's."""
+    found = EXCERPT.findall(PAGE.read_text())
+    assert sorted(path for path, _ in found) == [
+        "examples/hf_trainer.py",
+        "examples/ray_data_preprocess.py",
+    ]
+    for path, code in found:
+        source = {line.strip() for line in (ROOT / path).read_text().splitlines()}
+        missing = [line for line in code.splitlines() if line.strip() not in source]
+        assert missing == [], f"lines of docs/recipes.md not in {path}"
+    quoted = " ".join(PAGE.read_text().split("```text\nValueError: ")[1].split("```")[0].split())
+    assert quoted.startswith(REBATCHING + ", which yields whole batches of 8 rows")
 
 
 def test_a_batching_dataloader_is_refused(ids_25):
@@ -37,6 +55,10 @@ def test_a_batching_dataloader_is_refused(ids_25):
             iter(data)
         assert str(error.value).startswith(REBATCHING + ", which yields whole batches of 5 rows")
         assert "Use DataLoader(loader, batch_size=None)" in str(error.value)
+        quoted = " ".join(
+            PAGE.read_text().split("```text\nValueError: ")[1].split("```")[0].split()
+        )
+        assert quoted == str(error.value).replace("5 rows", "8 rows")
     batches = [batch["id"].tolist() for batch in DataLoader(loader, batch_size=None)]
     assert batches == [b.indices.tolist() for b in loader.epoch_plan(0).rank_batches(0)]
 
