@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", required=True, help="the Trainer's output_dir")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--save-steps", type=int, default=11)
+    parser.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step")
+    parser.add_argument("--save-steps", type=int, default=11, help="optimizer steps")
     parser.add_argument("--resume", default=None, help="a checkpoint folder the Trainer saved")
     parser.add_argument("--record", default=None, help="write each step's ids here (JSON lines)")
     return parser.parse_args(argv)
@@ -90,6 +91,7 @@ def train(args: argparse.Namespace) -> Classifier:
         args.output,
         per_device_train_batch_size=args.batch_size,  # for the Trainer's counts and logs only
         num_train_epochs=args.epochs,
+        gradient_accumulation_steps=args.accumulate,
         learning_rate=0.1,
         save_strategy="steps",
         save_steps=args.save_steps,
@@ -104,7 +106,7 @@ def train(args: argparse.Namespace) -> Classifier:
         with open(args.record, "w") as out:
             for ids in model.seen:
                 out.write(json.dumps({"ids": ids}) + "\n")
-    print(f"trained {trainer.state.global_step} steps, {len(model.seen)} of them in this run")
+    print(f"trained {trainer.state.global_step} steps, {len(model.seen)} batches in this run")
     return model
 
 

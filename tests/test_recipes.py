@@ -63,6 +63,17 @@ def test_a_batching_dataloader_is_refused(ids_25):
     assert batches == [b.indices.tolist() for b in loader.epoch_plan(0).rank_batches(0)]
 
 
+@pytest.mark.slow
+def test_a_batching_dataloader_is_refused_in_its_workers(ids_25):
+    """With a spawn DataLoader worker the worker refuses as it starts; torch re-raises it."""
+    loader = PrefetchLoader(ids_25, 5, seed=0)
+    data = DataLoader(loader, batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(ValueError) as error:
+        next(iter(data))
+    assert str(error.value).startswith("Caught ValueError in DataLoader worker process 0")
+    assert f"ValueError: {REBATCHING}, which yields whole batches of 5 rows" in str(error.value)
+
+
 def epoch_batches(uri: str, epoch: int, batch_size: int) -> list[list[int]]:
     """The ``id``s of each batch of ``epoch`` (seed 0, one rank), from the loader's plan: the
     plan's row positions mapped to the dataset's ``id`` column."""
@@ -76,7 +87,8 @@ def test_hf_trainer_trains_on_the_loaders_batches_and_resumes_exactly(tmp_path):
     """examples/hf_trainer.py, 1 CPU process, 64 rows, batches of 8, 2 epochs: the model's
     forward saw, step for step, the loader's plan of epoch 0 then epoch 1 (8 ids a batch, each id
     once an epoch: no batches of batches, ``set_epoch`` reached the loader); a run resumed from
-    ``checkpoint-11`` (epoch 1, after its batch 2) trained on the full run's last 5 batches. A
+    ``checkpoint-11`` (epoch 1, after its batch 2) trained on the full run's last 5 batches; with
+    2 batches an optimizer step the same batches, and resumed from ``checkpoint-5`` the last 6. A
     stock ``Trainer`` given the loader meets the loader's refusal."""
     out = run([sys.executable, str(SUPPORT / "hf_trainer_runs.py"), str(tmp_path)])
     uri = str(tmp_path / "data.lance")
@@ -87,8 +99,16 @@ def test_hf_trainer_trains_on_the_loaders_batches_and_resumes_exactly(tmp_path):
         assert sorted(i for batch in plan for i in batch) == list(range(64))
     resumed = (tmp_path / "resumed.jsonl").read_text().splitlines()
     assert [json.loads(line)["ids"] for line in resumed] == full[11:]
-    assert "trained 16 steps, 16 of them in this run" in out
-    assert "trained 16 steps, 5 of them in this run" in out
+    assert "trained 16 steps, 16 batches in this run" in out
+    assert "trained 16 steps, 5 batches in this run" in out
+    # 2 batches an optimizer step: the same batches; resumed after step 5 (epoch 1, its first
+    # step done), the last 6 batches
+    accumulated = (tmp_path / "accumulated.jsonl").read_text().splitlines()
+    assert [json.loads(line)["ids"] for line in accumulated] == full
+    resumed = (tmp_path / "accumulated-resumed.jsonl").read_text().splitlines()
+    assert [json.loads(line)["ids"] for line in resumed] == full[10:]
+    assert "trained 8 steps, 16 batches in this run" in out
+    assert "trained 8 steps, 6 batches in this run" in out
     assert f"stock Trainer: {REBATCHING}, which yields whole batches of 8 rows" in out
 
 

@@ -1,5 +1,6 @@
 """examples/hf_trainer.py for tests/test_recipes.py, in one process: a full run (2 epochs, a
-checkpoint every 11 steps), a run resumed from its ``checkpoint-11``, then a stock ``Trainer``
+checkpoint every 11 steps), a run resumed from its ``checkpoint-11``, the same with 2 batches an
+optimizer step (a checkpoint every 5 steps, resumed from ``checkpoint-5``), then a stock ``Trainer``
 given the loader as its train dataset (the error it meets is printed).
 
     python hf_trainer_runs.py <folder>
@@ -24,6 +25,11 @@ def main() -> None:
     for name, options in (
         ("full", []),
         ("resumed", ["--resume", str(folder / "full" / "checkpoint-11")]),
+        ("accumulated", ["--accumulate", "2", "--save-steps", "5"]),
+        (
+            "accumulated-resumed",
+            ["--accumulate", "2", "--resume", str(folder / "accumulated" / "checkpoint-5")],
+        ),
     ):
         argv = ["--uri", uri, "--output", str(folder / name), "--record"]
         hf_trainer.train(hf_trainer.parse_args([*argv, str(folder / f"{name}.jsonl"), *options]))
