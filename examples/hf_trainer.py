@@ -76,17 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step")
     parser.add_argument("--save-steps", type=int, default=11, help="optimizer steps")
     parser.add_argument("--resume", default=None, help="a checkpoint folder the Trainer saved")
-    parser.add_argument("--record", default=None, help="write each step's ids here (JSON lines)")
+    parser.add_argument("--record", default=None, help="write each batch's ids here ({rank})")
     return parser.parse_args(argv)
 
 
 def train(args: argparse.Namespace) -> Classifier:
     """Train as the arguments say (see ``--help``); the trained model."""
-    if not os.path.exists(args.uri):
-        write_dataset(args.uri, args.rows)
     torch.manual_seed(0)
     model = Classifier()
-    loader = PrefetchLoader(args.uri, args.batch_size, columns=COLUMNS, seed=0)
     training = TrainingArguments(
         args.output,
         per_device_train_batch_size=args.batch_size,  # for the Trainer's counts and logs only
@@ -100,10 +97,15 @@ def train(args: argparse.Namespace) -> Classifier:
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=True,
     )
+    with training.main_process_first(desc="the dataset"):  # processes from torchrun
+        if not os.path.exists(args.uri):
+            write_dataset(args.uri, args.rows)
+    # built after TrainingArguments: ranks come from the process group it set up
+    loader = PrefetchLoader(args.uri, args.batch_size, columns=COLUMNS, seed=0)
     trainer = LanceTrainer(model=model, args=training, train_dataset=loader)
     trainer.train(resume_from_checkpoint=args.resume)
     if args.record:
-        with open(args.record, "w") as out:
+        with open(args.record.format(rank=training.process_index), "w") as out:
             for ids in model.seen:
                 out.write(json.dumps({"ids": ids}) + "\n")
     print(f"trained {trainer.state.global_step} steps, {len(model.seen)} batches in this run")

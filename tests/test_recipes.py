@@ -92,24 +92,55 @@ def test_hf_trainer_trains_on_the_loaders_batches_and_resumes_exactly(tmp_path):
     stock ``Trainer`` given the loader meets the loader's refusal."""
     out = run([sys.executable, str(SUPPORT / "hf_trainer_runs.py"), str(tmp_path)])
     uri = str(tmp_path / "data.lance")
-    full = [json.loads(line)["ids"] for line in (tmp_path / "full.jsonl").read_text().splitlines()]
+    full = [
+        json.loads(line)["ids"] for line in (tmp_path / "full-0.jsonl").read_text().splitlines()
+    ]
     plans = [epoch_batches(uri, epoch, 8) for epoch in range(2)]
     assert full == plans[0] + plans[1]
     for plan in plans:
         assert sorted(i for batch in plan for i in batch) == list(range(64))
-    resumed = (tmp_path / "resumed.jsonl").read_text().splitlines()
+    resumed = (tmp_path / "resumed-0.jsonl").read_text().splitlines()
     assert [json.loads(line)["ids"] for line in resumed] == full[11:]
     assert "trained 16 steps, 16 batches in this run" in out
     assert "trained 16 steps, 5 batches in this run" in out
     # 2 batches an optimizer step: the same batches; resumed after step 5 (epoch 1, its first
     # step done), the last 6 batches
-    accumulated = (tmp_path / "accumulated.jsonl").read_text().splitlines()
+    accumulated = (tmp_path / "accumulated-0.jsonl").read_text().splitlines()
     assert [json.loads(line)["ids"] for line in accumulated] == full
-    resumed = (tmp_path / "accumulated-resumed.jsonl").read_text().splitlines()
+    resumed = (tmp_path / "accumulated-resumed-0.jsonl").read_text().splitlines()
     assert [json.loads(line)["ids"] for line in resumed] == full[10:]
     assert "trained 8 steps, 16 batches in this run" in out
     assert "trained 8 steps, 6 batches in this run" in out
     assert f"stock Trainer: {REBATCHING}, which yields whole batches of 8 rows" in out
+
+
+@pytest.mark.slow
+def test_hf_trainer_on_two_processes_gives_each_rank_its_batches_and_resumes_exactly(tmp_path):
+    """examples/hf_trainer.py under ``torchrun`` (2 CPU processes, gloo; Accelerate's default
+    dispatcher), 64 rows, batches of 4, 2 epochs: each rank's model saw its rank's plan of epoch 0
+    then epoch 1 (every row once an epoch over the ranks); a run resumed from ``checkpoint-5``
+    trained on each rank's batches from its 6th on."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    script = str(SUPPORT / "hf_trainer_runs.py")
+    out = run([*torchrun, "--nproc_per_node", "2", script, str(tmp_path), "ddp"], timeout=200)
+    assert out.count("trained 16 steps, 16 batches in this run") == 2
+    assert out.count("trained 16 steps, 11 batches in this run") == 2
+    uri = str(tmp_path / "data.lance")
+    for epoch in range(2):
+        ids = [i for rank in range(2) for b in rank_plan(uri, epoch, rank) for i in b]
+        assert sorted(ids) == list(range(64))
+    for rank in range(2):
+        lines = (tmp_path / f"full-{rank}.jsonl").read_text().splitlines()
+        full = [json.loads(line)["ids"] for line in lines]
+        assert full == rank_plan(uri, 0, rank) + rank_plan(uri, 1, rank), rank
+        lines = (tmp_path / f"resumed-{rank}.jsonl").read_text().splitlines()
+        assert [json.loads(line)["ids"] for line in lines] == full[5:], rank
+
+
+def rank_plan(uri: str, epoch: int, rank: int) -> list[list[int]]:
+    """Rank ``rank`` of 2's batches (of 4) in ``epoch`` (seed 0); ids are positions here."""
+    loader = PrefetchLoader(uri, 4, rank=rank, world_size=2, seed=0)
+    return [batch.indices.tolist() for batch in loader.epoch_plan(epoch).rank_batches(rank)]
 
 
 @pytest.mark.system
