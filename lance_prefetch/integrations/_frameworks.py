@@ -59,6 +59,7 @@ __all__ = [
     "pass_through",
     "pass_through_prepared",
     "reads_every_rank",
+    "refuse_rebatching",
     "refuse_stateful_dispatch",
     "save_one_state",
     "warn_unset_epochs",
@@ -165,6 +166,40 @@ def _read_in_process(shard: Any) -> bool:
         )
     )
     return holder is not None and not holder.base_dataloader.num_workers
+
+
+def refuse_rebatching(dataset: Any) -> None:
+    """Refuse to be iterated by a ``DataLoader`` that batches what it iterates (a ``batch_size``
+    other than ``None``: its fetcher collates ``batch_size`` of the loader's batches into one,
+    batches of batches), over ``dataset`` or an ``IterableDatasetShard`` of it. Called from the
+    loader's ``__iter__``, which the DataLoader's fetcher calls as it is built (at ``iter()`` of a
+    DataLoader without workers, in each worker as it starts).
+
+    Raises:
+        ValueError: such a DataLoader calls; the message names ``batch_size=None`` and, for
+            Hugging Face's ``Trainer`` (whose ``get_train_dataloader`` passes
+            ``per_device_train_batch_size``), the override of ``get_train_dataloader``.
+    """
+    module = sys.modules.get("torch.utils.data._utils.fetch")
+    fetcher_cls = getattr(module, "_IterableDatasetFetcher", None)
+    if fetcher_cls is None:
+        return
+    fetcher = _calling(
+        lambda obj: (
+            isinstance(obj, fetcher_cls)
+            and (obj.dataset is dataset or getattr(obj.dataset, "dataset", None) is dataset)
+        )
+    )
+    if fetcher is None or not fetcher.auto_collation:
+        return
+    raise ValueError(
+        f"a DataLoader with a batch_size (not None) iterates this PrefetchLoader, which yields "
+        f"whole batches of {dataset.batch_size} rows: the DataLoader would collate them into "
+        f"batches of batches. Use DataLoader(loader, batch_size=None). Hugging Face's Trainer "
+        f"passes batch_size=per_device_train_batch_size: override its get_train_dataloader to "
+        f"return self.accelerator.prepare(DataLoader(self.train_dataset, batch_size=None)) "
+        f"(docs/recipes.md)"
+    )
 
 
 def refuse_stateful_dispatch(dataset: Any) -> None:

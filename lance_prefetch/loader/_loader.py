@@ -26,6 +26,7 @@ from lance_prefetch.integrations._frameworks import (
     find_read_ahead,
     pass_through_prepared,
     reads_every_rank,
+    refuse_rebatching,
     refuse_stateful_dispatch,
     save_one_state,
     warn_unset_epochs,
@@ -474,7 +475,9 @@ class PrefetchLoader(SourceFacade, IterableDataset[Any]):
         (after ``break``).
 
         Raises:
-            ValueError: ``pin_memory`` or ``device`` in a DataLoader worker; ``audit=True``
+            ValueError: a ``DataLoader`` with a ``batch_size`` other than ``None`` iterates the
+                loader (it would collate batches of batches); ``pin_memory`` or ``device`` in a
+                DataLoader worker; ``audit=True``
                 with several records and no way to meet (from the first ``next()``).
             RuntimeError: this process was forked from the one that built the loader (Lance is
                 not fork-safe; use ``multiprocessing_context="spawn"``).
@@ -487,6 +490,7 @@ class PrefetchLoader(SourceFacade, IterableDataset[Any]):
             CoverageError: from the epoch's last ``next()``: the coverage audit failed.
         """
         self._source.check_process()  # fail at once, not in a thread, in a forked worker
+        refuse_rebatching(self)  # a DataLoader with a batch_size would batch the batches
         worker = get_worker_info()
         self.config.placement.check_worker(worker)  # none in DataLoader workers
         self._source.prepare()  # a cache is filled here, once per process (not in a timed take)
