@@ -233,7 +233,7 @@ def _run_info(args: argparse.Namespace) -> int:
     except _info.ArgumentError as exc:
         print(f"lance-prefetch info: {exc}", file=sys.stderr)
         return 2
-    found = _info.inspect(
+    found = _info.describe(
         source,
         batch_size=args.batch_size,
         seconds=args.seconds,

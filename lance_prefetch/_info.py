@@ -1,4 +1,4 @@
-"""What ``lance-prefetch info`` reports about a dataset: :func:`inspect` computes a
+"""What ``lance-prefetch info`` reports about a dataset: :func:`describe` computes a
 :class:`DatasetInfo`; the command prints it (:mod:`lance_prefetch._cli`).
 
 Every figure comes from the library's own rules, so it is what the loader would do:
@@ -32,9 +32,9 @@ from lance_prefetch.convert._projection import Projection
 from lance_prefetch.options import Dataset
 from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch.sources._options import SourceOptions
-from lance_prefetch.sources._storage import is_s3
+from lance_prefetch.sources._storage import is_s3, redact_uri
 
-__all__ = ["ArgumentError", "ColumnInfo", "DatasetInfo", "Throughput", "inspect", "open_source"]
+__all__ = ["ArgumentError", "ColumnInfo", "DatasetInfo", "Throughput", "describe", "open_source"]
 
 #: Rows read (evenly spaced over the dataset) to find tensor forms and variable widths.
 SAMPLE_ROWS = 1024
@@ -196,7 +196,7 @@ def open_source(
     return LanceSource(uri, options)
 
 
-def inspect(
+def describe(
     source: LanceSource,
     *,
     batch_size: int = 256,
@@ -235,7 +235,7 @@ def inspect(
         dataset = Dataset(source.uri, version=source.version, storage_options=storage_options)
         throughput = measure(dataset, readable, batch_size=batch_size, seconds=seconds)
     return DatasetInfo(
-        uri=source.uri,
+        uri=redact_uri(source.uri),
         version=source.version,
         rows=source.num_rows,
         fragments=history.fragments,

@@ -4,6 +4,8 @@ server), as text and as JSON, and bad arguments refused in one line with exit st
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import lance
 import numpy as np
@@ -186,3 +188,21 @@ def test_s3_dataset_gives_the_same_facts(capsys, s3):
     err = capsys.readouterr().err
     assert err.startswith("lance-prefetch info: --storage-option: source: the endpoint ")
     assert "refused the credentials" in err and "wrong-secret" not in err
+
+
+def test_the_command_exits_2_with_one_line_for_a_missing_dataset(tmp_path):
+    """The real entry point, in its own process: status 2, one line, nothing on stdout."""
+    missing = str(tmp_path / "missing.lance")
+    result = subprocess.run(
+        [sys.executable, "-m", "lance_prefetch", "info", missing, "--columns", "a"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [
+        f"lance-prefetch info: URI: source: no Lance dataset at '{missing}'; check the path (a "
+        f"Lance dataset is a directory with a _versions/ folder) and, for object stores, "
+        f"storage_options"
+    ]
