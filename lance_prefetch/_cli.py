@@ -300,7 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit status.
 
     Errors from the library (bad arguments, missing dataset, failed batch) are printed as
-    ``TypeName: message`` and give exit status 1. ``bench ...`` returns what
+    ``TypeName: message`` and give exit status 1. ``info`` gives 2 and one line naming the
+    argument at fault (``URI``, ``--columns``, ``--version``, ``--storage-option``) for a bad
+    argument, before any long work. ``bench ...`` returns what
     ``lance-prefetch-bench ...`` returns, or 2 with a one-line install hint on stderr when the
     ``lance_prefetch_bench`` package is not installed.
     """

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from lance_prefetch import _cli as cli
+from lance_prefetch.cache._disk import default_cache_bytes
 
 TEXTS = [f"row {i}" for i in range(300)]  # 5 to 7 characters
 
@@ -83,7 +84,7 @@ def check_known(found: dict, uri: str) -> None:
     assert found["row_bytes"] == 40.0 + TEXT_ROW_BYTES
     assert found["row_bytes_exact"] is False
     assert found["cache_bytes"] == round((40.0 + TEXT_ROW_BYTES) * 300) == 15190
-    assert found["cache_limit"] > 0
+    assert found["cache_limit"] == default_cache_bytes()  # the memory cache's own default
     run = found["throughput"]
     assert run["rows_per_s"] > 0 and run["rows"] >= 300  # at least the first epoch
     assert run["columns"] == ["vector", "label", "text"] and run["batch_size"] == 32
