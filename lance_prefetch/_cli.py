@@ -4,6 +4,12 @@
 on scikit-learn's digits (or on ``--uri``) and prints, per epoch, the loss, held-out accuracy,
 rows/s and the fraction of wall time the training loop waited for data.
 
+``lance-prefetch info URI`` describes a dataset before training: each column's tensor form,
+rows, fragments, versions and tags, bytes a row, the memory a ``cache="memory"`` copy takes and a
+few seconds' rows/s through the loader (``--json``: the same as one JSON object). A bad argument
+(not a dataset, an unknown column or version, a malformed or refused ``--storage-option``) is one
+line on stderr naming it, and exit status 2, before any long work.
+
 ``lance-prefetch bench ...`` runs ``lance-prefetch-bench ...``: the benchmark that measures
 PrefetchLoader against the usual alternatives is a distribution of its own
 (``lance-prefetch-bench``, ``benchmarks/`` in a checkout), outside the library's wheel. When it is
@@ -14,8 +20,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lance_prefetch import _info
 
 __all__ = ["main"]
 
@@ -24,6 +35,16 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"should be an integer >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"should be a number of seconds >= 0, got {text!r}")
     return value
 
 
@@ -70,6 +91,34 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--epochs", type=_positive_int, default=5)
     demo.add_argument("--seed", type=int, default=0)
+    info = commands.add_parser(
+        "info",
+        help="describe a dataset: tensor forms, rows, versions, bytes a row, cache size, rows/s",
+        description="Describe a Lance dataset as PrefetchLoader would read it: each column's "
+        "tensor form (dtype[per-row shape], or what is delivered instead), rows, fragments, "
+        "versions and tags, Arrow bytes a row, the memory a cache='memory' copy takes, and "
+        "the rows/s of a real loader run of --seconds seconds.",
+    )
+    info.add_argument("uri", metavar="URI", help="the dataset (local path, file://, s3://, ...)")
+    info.add_argument("--columns", help="comma-separated columns (default: all)")
+    info.add_argument("--version", help="version number or tag (default: the latest)")
+    info.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a storage option for Lance (repeat for more), e.g. aws_endpoint=http://...",
+    )
+    info.add_argument(
+        "--batch-size", type=_positive_int, default=256, help="the timed run's (default: 256)"
+    )
+    info.add_argument(
+        "--seconds",
+        type=_seconds,
+        default=3.0,
+        help="how long the loader runs for rows/s; 0: no run (default: 3)",
+    )
+    info.add_argument("--json", action="store_true", help="print one JSON object")
     commands.add_parser(
         "bench",
         add_help=False,  # `lance-prefetch bench --help` is the bench's own help
@@ -148,11 +197,112 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _storage_options(pairs: Sequence[str]) -> dict[str, str] | None:
+    """``KEY=VALUE`` strings as a mapping (``None`` for none).
+
+    Raises:
+        ValueError: a pair has no ``=`` or an empty key.
+    """
+    options = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"should be KEY=VALUE, got {pair!r}")
+        options[key.strip()] = value
+    return options or None
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    from lance_prefetch import _info
+
+    try:
+        storage_options = _storage_options(args.storage_option)
+    except ValueError as exc:
+        print(f"lance-prefetch info: --storage-option: {exc}", file=sys.stderr)
+        return 2
+    columns = None
+    if args.columns is not None:
+        columns = [name.strip() for name in args.columns.split(",") if name.strip()]
+    version = args.version
+    if version is not None and version.strip().isdigit():
+        version = int(version)
+    try:
+        source = _info.open_source(
+            args.uri, columns=columns, version=version, storage_options=storage_options
+        )
+    except _info.ArgumentError as exc:
+        print(f"lance-prefetch info: {exc}", file=sys.stderr)
+        return 2
+    found = _info.describe(
+        source,
+        batch_size=args.batch_size,
+        seconds=args.seconds,
+        storage_options=storage_options,
+    )
+    if args.json:
+        print(json.dumps(found.as_dict()))
+    else:
+        print(_info_text(found))
+    return 0
+
+
+def _mib(size: float) -> str:
+    return f"{size:,.0f} bytes ({size / 2**20:,.1f} MiB)"
+
+
+def _info_text(found: _info.DatasetInfo) -> str:
+    """``lance-prefetch info``'s report, one fact a line."""
+    versions = ", ".join(str(v) for v, _ in found.versions)
+    tags = ", ".join(f"{name} -> {v}" for name, v in found.tags.items()) or "none"
+    width = max(len(c.name) for c in found.columns) if found.columns else 0
+    lines = [
+        f"dataset    {found.uri} (version {found.version})",
+        f"rows       {found.rows:,}",
+        f"fragments  {found.fragments:,}",
+        f"versions   {len(found.versions)}: {versions}",
+        f"tags       {tags}",
+        "columns    name: Arrow type -> tensor form (dtype[per-row shape]) or what is delivered",
+    ]
+    for c in found.columns:
+        form = (
+            c.tensor
+            if c.tensor is not None
+            else f"none: {c.why}"
+            if c.delivers == "nothing"
+            else f"no tensor: {c.delivers} ({c.why})"
+        )
+        lines.append(f"  {c.name:<{width}}  {c.arrow_type} -> {form}")
+    how = (
+        "exact: fixed-width columns"
+        if found.row_bytes_exact
+        else f"Arrow bytes of {found.sample_rows:,} sampled rows / rows, fixed-width columns exact"
+    )
+    lines.append(f"bytes/row  {found.row_bytes:,.1f} ({how})")
+    fits = "fits" if found.cache_bytes <= found.cache_limit else "does NOT fit"
+    lines.append(
+        f"cache      cache='memory' takes {_mib(found.cache_bytes)} "
+        f"({'exact' if found.row_bytes_exact else 'estimated'}: bytes/row x rows); {fits} "
+        f"the default limit, {_mib(found.cache_limit)} (half the physical memory)"
+    )
+    run = found.throughput
+    if run is None:
+        lines.append("rows/s     not measured (no run asked for, no rows, or no column converts)")
+    else:
+        lines.append(
+            f"rows/s     {run.rows_per_s:,.0f} (PrefetchLoader defaults, batch_size="
+            f"{run.batch_size}: {run.rows:,} rows in {run.seconds:.2f} s, columns "
+            f"{list(run.columns)})"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit status.
 
     Errors from the library (bad arguments, missing dataset, failed batch) are printed as
-    ``TypeName: message`` and give exit status 1. ``bench ...`` returns what
+    ``TypeName: message`` and give exit status 1. ``info`` gives 2 and one line naming the
+    argument at fault (``URI``, ``--columns``, ``--version``, ``--storage-option``) for a bad
+    argument, before any long work. ``bench ...`` returns what
     ``lance-prefetch-bench ...`` returns, or 2 with a one-line install hint on stderr when the
     ``lance_prefetch_bench`` package is not installed.
     """
@@ -163,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _run_demo(args)
+        if args.command == "info":
+            return _run_info(args)
     except (TypeError, ValueError, OSError, RuntimeError) as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

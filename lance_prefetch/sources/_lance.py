@@ -42,7 +42,7 @@ from lance_prefetch.sources._storage import (
 )
 from lance_prefetch.sources._storage import redact as redact
 from lance_prefetch.sources._uris import URING, refuse_a_file, scheme, uring_uri
-from lance_prefetch.sources._versions import checkout, committed
+from lance_prefetch.sources._versions import History, checkout, committed, history
 from lance_prefetch.sources._wrapped import check_range
 
 __all__ = ["LanceSource", "RowSource", "ShortReadError", "redact"]
@@ -237,6 +237,20 @@ class LanceSource:
 
     def prepare(self) -> None:
         """Nothing to prepare (see :class:`RowSource`)."""
+
+    def history(self) -> History:
+        """The pinned version's fragments, and the dataset's versions and tags (reads manifests
+        only; :func:`~lance_prefetch.sources._versions.history`).
+
+        Raises:
+            Exception: Lance's own error from listing them (without secret values).
+        """
+        dataset = self._opened()
+        try:
+            with native_call():
+                return history(dataset)
+        except Exception as exc:
+            self._reraise_read_error(exc)
 
     def options_repr(self) -> dict[str, str] | None:
         """The storage options with secret values hidden (:func:`redact`)."""

@@ -1,12 +1,46 @@
 """The pinned version of an open dataset: :func:`checkout` (with the error that names the
-latest version and the tags), and :func:`committed`, the version's commit time. It works on the
-``lance.LanceDataset`` that :mod:`lance_prefetch.sources._lance` opened; it imports no Lance itself."""
+latest version and the tags), :func:`committed`, the version's commit time, and :func:`history`,
+its fragments, versions and tags. It works on the ``lance.LanceDataset`` that
+:mod:`lance_prefetch.sources._lance` opened; it imports no Lance itself."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["checkout", "committed"]
+__all__ = ["History", "checkout", "committed", "history"]
+
+
+@dataclass(frozen=True)
+class History:
+    """A dataset's layout and history, as :func:`history` reads them.
+
+    Attributes:
+        fragments (int): fragments of the pinned version.
+        versions (tuple[tuple[int, str], ...]): every version of the dataset, oldest first, as
+            ``(version, commit time in ISO 8601)``.
+        tags (dict[str, int]): each tag's name and the version it names, sorted by name.
+    """
+
+    fragments: int
+    versions: tuple[tuple[int, str], ...]
+    tags: dict[str, int]
+
+
+def history(dataset: Any) -> History:
+    """The fragments of ``dataset``'s checked-out version, and the dataset's versions and tags
+    (``dataset`` a ``lance.LanceDataset``; one manifest listing, no data read)."""
+    versions = tuple(
+        (int(entry["version"]), _iso(entry.get("timestamp"))) for entry in dataset.versions()
+    )
+    tags = {name: int(tag["version"]) for name, tag in sorted(dataset.tags.list().items())}
+    return History(len(dataset.get_fragments()), versions, tags)
+
+
+def _iso(timestamp: Any) -> str:
+    if timestamp is None:
+        return ""
+    return timestamp.isoformat() if hasattr(timestamp, "isoformat") else str(timestamp)
 
 
 def checkout(dataset: Any, version: int | str, uri: str) -> Any:
@@ -39,7 +73,7 @@ def committed(dataset: Any) -> str:
         timestamp = dataset.get_version()["timestamp"]
     except Exception:  # older or newer Lance: the version number alone keys caches
         return ""
-    return timestamp.isoformat() if hasattr(timestamp, "isoformat") else str(timestamp)
+    return _iso(timestamp)
 
 
 def _tags(dataset: Any) -> str:
