@@ -262,10 +262,12 @@ def _fake_report(tmp_path):
             "take_p50_ms": take_ms,
             "take_p99_ms": take_ms,
             "take_mean_ms": take_ms,
+            "batches": 5,
+            "takes": 5 if rows_per_s < 2000 else 1,  # the fast ones coalesce
         }
         return {"throughput": metrics, "step": {**metrics, "step_ms": 50.0, "wait_fraction": wait}}
 
-    common = {"setup_s": 0.1, "warmup_s": 0.1, "peak_rss_mib": 300.0, "notes": []}
+    common = {"setup_s": 0.1, "warmup_s": 0.1, "peak_rss_mib": 300.0, "notes": [], "io": "uring"}
     contenders = [
         {
             "name": "sequential",
@@ -309,21 +311,29 @@ def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
     fake["targets"] = list(targets.values())
     paths = report.write_outputs(fake, tmp_path / "out", "fake")
     markdown = paths["markdown"].read_text()
-    assert "| map-style | num_workers=4, spawn | yes | failed: RuntimeError: boom |" in markdown
-    assert "| **lance-prefetch** (best) | readahead=4, max_in_flight=4 | yes | 4,500 |" in markdown
+    assert "| map-style | num_workers=4, spawn | n/a | 1 | yes | failed: RuntimeError: boom |" in (
+        markdown
+    )
+    assert (
+        "| **lance-prefetch** (best) | readahead=4, max_in_flight=4 | io_uring | 1/5 | yes | "
+        "4,500 | 1 run |" in markdown
+    )
+    assert "| lance-prefetch | readahead=4, max_in_flight=1 | io_uring | 1 | yes | 1,100 |" in (
+        markdown
+    )
     assert "**Targets:**" in markdown  # the report has them (--targets)
     assert paths["plot"].stat().st_size > 10_000
 
 
 def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
-    """repeats=3: every contender in round 0, then the lance-prefetch settings twice more, each
-    round rotated by one; the report keeps each setting's median run and median wait."""
+    """repeats=3: every contender in round 0, then every one but ceiling twice more, each round
+    rotated by one; the report keeps each setting's median run and median wait."""
     from lance_prefetch_bench.run import _plan
 
     config = BenchConfig(
         readahead=(4, 16),
         max_in_flight=(4,),
-        contenders=("sequential", "lance-prefetch"),
+        contenders=("sequential", "ceiling", "lance-prefetch"),
         repeats=3,
     )
     with pytest.raises(ValueError, match="repeats should be >= 1"):
@@ -345,15 +355,18 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     order = [(round_, label) for round_, label, _, _ in _plan(config, base)]
     assert order == [
         (0, "sequential"),
+        (0, "ceiling"),
         (0, "lance-prefetch defaults"),
         (0, "lance-prefetch r4/m4"),
         (0, "lance-prefetch r16/m4"),
+        (1, "lance-prefetch defaults"),
         (1, "lance-prefetch r4/m4"),
         (1, "lance-prefetch r16/m4"),
-        (1, "lance-prefetch defaults"),
-        (2, "lance-prefetch r16/m4"),
-        (2, "lance-prefetch defaults"),
+        (1, "sequential"),
         (2, "lance-prefetch r4/m4"),
+        (2, "lance-prefetch r16/m4"),
+        (2, "sequential"),
+        (2, "lance-prefetch defaults"),
     ]
 
     fake = _fake_report(tmp_path)["contenders"]
@@ -377,9 +390,10 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     assert entry["rounds"][-1] == {"round": 4, "error": "RuntimeError: boom"}
     assert entry["failed_rounds"] == ["RuntimeError: boom"]
     assert verdicts.failures(merged) == ["lance-prefetch r4/m1"]  # a failed round fails the run
-    assert report._settings_text(entry).endswith(
-        "; median of 4 runs (900-1,300 rows/s, waited 50.0%); 1 of 5 runs FAILED: RuntimeError: boom"
-    )
+    assert report._settings_text(entry).endswith("; 1 of 5 runs FAILED: RuntimeError: boom")
+    assert verdicts.spread(entry) == (900, 1300, 4)
+    row = report.table_rows({**_fake_report(tmp_path), "contenders": merged})[2]
+    assert row[5:7] == ["1,000", "900-1,300 (4)"]  # the median run, the spread of the 4 that ran
     # the runs themselves are not changed
     assert [run["passes"]["step"]["wait_fraction"] for run in runs[1:5]] == [0.5, 0.3, 0.7, 0.05]
     assert verdicts.failures(verdicts.merge_rounds(runs[:4])) == []
