@@ -40,6 +40,7 @@ __all__ = [
     "table_rows",
     "takes_text",
     "to_markdown",
+    "bar_chart",
     "write_grid_plot",
     "write_outputs",
     "write_plot",
@@ -450,12 +451,25 @@ def write_grid_plot(report: Mapping[str, Any], path: Path) -> bool:
 
 
 def write_plot(report: Mapping[str, Any], path: Path) -> None:
+    """Write :func:`bar_chart` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    figure = bar_chart(report)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def bar_chart(report: Mapping[str, Any]) -> Any:
     """Every contender's rows/s (the median of its runs, the spread as an error bar) as a
     horizontal bar, sorted, fastest on top: the uniform readers in one panel and the others
     (``lance-torch``'s shuffled contiguous ranges) in a panel of their own with its own scale, so
     a fast non-uniform reader does not squeeze the rest; ``lance-prefetch`` defaults, its tuned
     settings and the other contenders in three colours, the legend below the panels. Failed and
-    skipped contenders are listed, without a bar, at the bottom of their panel."""
+    skipped contenders are listed, without a bar, at the bottom of their panel.
+
+    Returns:
+        matplotlib.figure.Figure: the figure (one axis a panel, uniform first).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -501,8 +515,7 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
         f"{meta['machine']['cores']} cores",
         fontsize=10,
     )
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    return figure
 
 
 def _bars(axis: Any, entries: list[Mapping[str, Any]]) -> None:
