@@ -546,7 +546,9 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(
-        r"^\| contender \| settings \| uniform \| rows/s \|", result.stdout, re.MULTILINE
+        r"^\| contender \| settings \| reader \| takes/batch \| uniform \| rows/s \| spread",
+        result.stdout,
+        re.MULTILINE,
     )
     assert (out / "tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| sequential |" in (out / "tiny.md").read_text()
@@ -906,3 +908,9 @@ def test_bar_chart_sorts_rows_and_keeps_non_uniform_readers_apart(tmp_path):
         assert uniform.get_title(loc="left") == "uniform random batches"
     finally:
         plt.close(figure)
+    # the readahead grid's lines: with two readahead values or more only (else dots)
+    assert report.write_grid_plot(fake, tmp_path / "grid.png")
+    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
+    fake["contenders"] = [c for c in fake["contenders"] if c["settings"].get("readahead") != 16]
+    assert not report.write_grid_plot(fake, tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()

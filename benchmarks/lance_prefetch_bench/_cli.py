@@ -100,7 +100,8 @@ def _run(args: argparse.Namespace) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     print(to_markdown(report, plot_name=str(paths["plot"])))
-    print(f"wrote {paths['json']}, {paths['markdown']} and {paths['plot']}")
+    plots = str(paths["plot"]) + (f" and {paths['grid_plot']}" if "grid_plot" in paths else "")
+    print(f"wrote {paths['json']}, {paths['markdown']} and {plots}")
     failed = failures(report["contenders"])
     if failed:
         print(

@@ -335,12 +335,6 @@ def write_grid_plot(report: Mapping[str, Any], path: Path) -> bool:
         return False
     figure = plt.figure(figsize=(12, 6.5), layout="constrained")
     left, right = figure.subplots(1, 2)
-    contenders = [c for c in report["contenders"] if is_ok(c)]
-    entries = report["contenders"]
-    figure = plt.figure(figsize=(12, 5.4 + 0.32 * len(entries)), layout="constrained")
-    top, bottom = figure.subfigures(2, 1, height_ratios=[4.8, 0.6 + 0.32 * len(entries)])
-    left, right = top.subplots(1, 2)
-    _bars(bottom.subplots(), entries)
     # lines: the fixed settings without a cache, one per (max_in_flight, coalesce); the others
     # (readahead="auto", caches) as horizontal lines
     grid = prefetch_runs(contenders, auto=False)
@@ -390,10 +384,9 @@ def write_grid_plot(report: Mapping[str, Any], path: Path) -> bool:
         wait = contender["passes"]["step"].get("wait_fraction")
         if wait is not None:
             right.axhline(100 * wait, **line)
-    baselines = {  # name: (color, line style)
+    baselines = {  # name: (color, line style); not lance-torch (not uniform; the bar chart has it)
         "sequential": ("black", ":"),
         "map-style": ("tab:red", "--"),
-        "lance-torch": ("tab:purple", "-."),
         "ceiling": ("dimgray", "-"),
         "prefetch-workers": ("tab:green", "--"),
         "lance-map": ("tab:orange", "--"),
@@ -407,7 +400,6 @@ def write_grid_plot(report: Mapping[str, Any], path: Path) -> bool:
         if contender is None:
             continue
         label = {
-            "lance-torch": "lance-torch (pseudo-random)",
             "ceiling": f"ceiling ({contender.get('best_concurrency')} threads)",
         }.get(name, contender["label"])  # a peer: its first setting
         line = {"color": color, "linestyle": style, "linewidth": 1.2, "label": label}
@@ -499,7 +491,13 @@ def bar_chart(report: Mapping[str, Any]) -> Any:
         "other contenders": "tab:gray",
     }
     handles = [plt.Rectangle((0, 0), 1, 1, color=color) for color in colors.values()]
-    figure.legend(handles, list(colors), loc="outside lower center", ncols=3, fontsize=8)
+    labels = list(colors)
+    if len(panels) > 1:
+        handles.append(
+            plt.Rectangle((0, 0), 1, 1, facecolor="tab:gray", hatch="//", edgecolor="white")
+        )
+        labels.append("not uniform (own panel and scale)")
+    figure.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
     meta = report["meta"]
     storage, settings = meta["storage"], meta["settings"]
     latency = storage.get("latency")
@@ -556,7 +554,11 @@ def _bars(axis: Any, entries: list[Mapping[str, Any]]) -> None:
             f"ms, peak RSS {_fmt(entry.get('peak_rss_mib'))} MiB"
         )
     positions = list(range(len(entries)))[::-1]
-    axis.barh(positions, rates, color=colors, height=0.6, xerr=errors, capsize=2)
+    bars = axis.barh(positions, rates, color=colors, height=0.6, xerr=errors, capsize=2)
+    for bar, entry in zip(bars, entries, strict=True):
+        if uniform_text(entry).startswith("no"):
+            bar.set_hatch("//")
+            bar.set_edgecolor("white")
     top = max((rate + high for rate, high in zip(rates, errors[1], strict=True)), default=0.0)
     top = top or 1.0
     for position, rate, high, text in zip(positions, rates, errors[1], texts, strict=True):
