@@ -8,7 +8,12 @@ A report is a plain dict (written as JSON as it is)::
                      "ids": {"0": {...}, "1": {...}}, "peak_rss_mib", "notes", ...}, ...],
      "ids_check": {...}, "targets": [...] (with ``--targets`` only)}
 
-A contender has ``uniform`` (whether its batches are uniformly random, and how; see
+``meta.progress`` holds ``finished`` and ``planned`` (contender runs), ``complete`` and
+``interrupted`` (``None``, ``"Ctrl-C"`` or ``"exit status N"``): the outputs are rewritten after
+every run, so a partial report is a report too.
+
+A contender has ``io`` (the Lance reader its takes went through: ``"uring"`` or
+``"default"``), ``uniform`` (whether its batches are uniformly random, and how; see
 :data:`~lance_prefetch_bench._spec.UNIFORM`), and ``skipped`` (why, and how to install it) in place
 of ``passes`` when it is a peer loader that is not installed.
 """
