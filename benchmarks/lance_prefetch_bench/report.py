@@ -528,7 +528,8 @@ def _bars(axis: Any, entries: list[Mapping[str, Any]]) -> None:
         (e for e in entries if is_ok(e)), key=lambda e: -e["passes"]["throughput"]["rows_per_s"]
     )
     entries = ran + [e for e in entries if not is_ok(e)]
-    labels, rates, errors, texts, colors = [], [], [[], []], [], []
+    labels, rates, texts, colors = [], [], [], []
+    errors: list[list[float]] = [[], []]  # below and above each bar
     for entry in entries:
         label = f"{entry['label']} ({reader_text(entry)})"
         defaults = setting_of(entry, "defaults", False)

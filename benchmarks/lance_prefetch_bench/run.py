@@ -76,7 +76,7 @@ def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     load_start = environment.load_average()
     stack = contextlib.ExitStack()
     results: list[dict[str, Any]] = []
-    progress = {"finished": 0, "planned": 0, "complete": False, "interrupted": None}
+    progress: dict[str, Any] = {"finished": 0, "planned": 0, "complete": False, "interrupted": None}
     meta: dict[str, Any] | None = None
     paths: dict[str, Path] = {}
 
@@ -139,7 +139,7 @@ def _assemble(
     """The report of the contender runs finished so far (the runs themselves are not changed)."""
     from lance_prefetch_bench import verdicts
 
-    report = {
+    report: dict[str, Any] = {
         "meta": {
             **meta,
             "progress": dict(meta["progress"]),

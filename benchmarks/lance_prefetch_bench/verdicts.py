@@ -421,7 +421,7 @@ def spread(contender: Mapping[str, Any]) -> tuple[float, float, int] | None:
     its own rows/s twice), or ``None`` when none did."""
     rates = [r["rows_per_s"] for r in contender.get("rounds", []) if "rows_per_s" in r]
     if not rates and is_ok(contender):
-        rates = [_rows_per_s(contender)]
+        rates = [contender["passes"]["throughput"]["rows_per_s"]]
     if not rates:
         return None
     return min(rates), max(rates), len(rates)
@@ -457,20 +457,20 @@ def noise_flags(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
             groups.setdefault(_identity(contender), []).append(contender)
     flags = []
     for rows in groups.values():
-        ranges = [spread(row) for row in rows]
-        if len(rows) < 2 or None in ranges:
+        ranges = [(row, measured) for row in rows if (measured := spread(row)) is not None]
+        if len(ranges) < 2:
             continue
-        lowest_high = min(high for _, high, _ in ranges)  # type: ignore[misc]
-        highest_low = max(low for low, _, _ in ranges)  # type: ignore[misc]
+        lowest_high = min(high for _, (_, high, _) in ranges)
+        highest_low = max(low for _, (low, _, _) in ranges)
         if highest_low <= lowest_high * (1 + NOISE_GAP):
             continue
         flags.append(
             {
-                "labels": [row["label"] for row in rows],
+                "labels": [row["label"] for row, _ in ranges],
                 "detail": " vs ".join(
-                    f"{row['label']} {_rows_per_s(row):,.0f} rows/s ({low:,.0f}-{high:,.0f}, "
-                    f"{runs} run{'s' if runs > 1 else ''})"
-                    for row, (low, high, runs) in zip(rows, ranges, strict=True)  # type: ignore[misc]
+                    f"{row['label']} {row['passes']['throughput']['rows_per_s']:,.0f} rows/s "
+                    f"({low:,.0f}-{high:,.0f}, {runs} run{'s' if runs > 1 else ''})"
+                    for row, (low, high, runs) in ranges
                 ),
             }
         )
@@ -486,7 +486,8 @@ def best_labels(contenders: Sequence[Mapping[str, Any]]) -> list[str]:
         if contender["name"] != PREFETCH or not is_ok(contender):
             continue
         family = str(setting_of(contender, "cache", "none"))
-        if family not in best or _rows_per_s(contender) > _rows_per_s(best[family]):
+        rate = contender["passes"]["throughput"]["rows_per_s"]
+        if family not in best or rate > best[family]["passes"]["throughput"]["rows_per_s"]:
             best[family] = contender
     return [contender["label"] for contender in best.values()]
 
