@@ -197,6 +197,27 @@ def test_lance_prefetch_bench_forwards_to_the_bench(capsys):
     assert capsys.readouterr().err.startswith("usage: lance-prefetch-bench [-h] [--local-s3]")
 
 
+def test_help_shows_every_default_and_no_markup(capsys, monkeypatch):
+    """Every option that takes a value ends its help with its default, as it is typed; the
+    description is plain text."""
+    monkeypatch.setenv("COLUMNS", "400")  # no wrapping inside the names
+    parser = bench_cli.parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for flag in ("--readahead", "--max-in-flight", "--ceiling-concurrency", "--contenders"):
+        assert f"{flag} " in text
+    assert "(default: 1,4,16,64)" in text and "(default: 1,4,16)" in text
+    assert "(default: sequential,map-style,lance-torch,ceiling,lance-prefetch,grain,spdl," in text
+    assert "--aimd-rate AIMD_RATE pin Lance's" in text and "(default: 5000)" in text
+    assert "(default: bench-results)" in text and "(default: 300.0)" in text
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0 and action.default != "==SUPPRESS==":
+            assert "(default:" in formatter._get_help_string(action), action.option_strings
+    assert not re.search(r"`|\*\*|::|:class:|\.\. ", parser.description)
+
+
 def test_cli_bench_reports_errors_without_a_traceback(tmp_path, capsys):
     assert cli.main(["bench", "--local-s3", str(tmp_path / "x.lance")]) == 1
     assert capsys.readouterr().err.startswith("ValueError: --local-s3 writes its own dataset")
@@ -262,10 +283,12 @@ def _fake_report(tmp_path):
             "take_p50_ms": take_ms,
             "take_p99_ms": take_ms,
             "take_mean_ms": take_ms,
+            "batches": 5,
+            "takes": 5 if rows_per_s < 2000 else 1,  # the fast ones coalesce
         }
         return {"throughput": metrics, "step": {**metrics, "step_ms": 50.0, "wait_fraction": wait}}
 
-    common = {"setup_s": 0.1, "warmup_s": 0.1, "peak_rss_mib": 300.0, "notes": []}
+    common = {"setup_s": 0.1, "warmup_s": 0.1, "peak_rss_mib": 300.0, "notes": [], "io": "uring"}
     contenders = [
         {
             "name": "sequential",
@@ -309,21 +332,29 @@ def test_report_targets_and_outputs_survive_a_failed_contender(tmp_path):
     fake["targets"] = list(targets.values())
     paths = report.write_outputs(fake, tmp_path / "out", "fake")
     markdown = paths["markdown"].read_text()
-    assert "| map-style | num_workers=4, spawn | yes | failed: RuntimeError: boom |" in markdown
-    assert "| **lance-prefetch** (best) | readahead=4, max_in_flight=4 | yes | 4,500 |" in markdown
+    assert "| map-style | num_workers=4, spawn | n/a | 1 | yes | failed: RuntimeError: boom |" in (
+        markdown
+    )
+    assert (
+        "| **lance-prefetch** (best) | readahead=4, max_in_flight=4 | io_uring | 1/5 | yes | "
+        "4,500 | 1 run |" in markdown
+    )
+    assert "| lance-prefetch | readahead=4, max_in_flight=1 | io_uring | 1 | yes | 1,100 |" in (
+        markdown
+    )
     assert "**Targets:**" in markdown  # the report has them (--targets)
     assert paths["plot"].stat().st_size > 10_000
 
 
 def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
-    """repeats=3: every contender in round 0, then the lance-prefetch settings twice more, each
-    round rotated by one; the report keeps each setting's median run and median wait."""
+    """repeats=3: every contender in round 0, then every one but ceiling twice more, each round
+    rotated by one; the report keeps each setting's median run and median wait."""
     from lance_prefetch_bench.run import _plan
 
     config = BenchConfig(
         readahead=(4, 16),
         max_in_flight=(4,),
-        contenders=("sequential", "lance-prefetch"),
+        contenders=("sequential", "ceiling", "lance-prefetch"),
         repeats=3,
     )
     with pytest.raises(ValueError, match="repeats should be >= 1"):
@@ -345,15 +376,18 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     order = [(round_, label) for round_, label, _, _ in _plan(config, base)]
     assert order == [
         (0, "sequential"),
+        (0, "ceiling"),
         (0, "lance-prefetch defaults"),
         (0, "lance-prefetch r4/m4"),
         (0, "lance-prefetch r16/m4"),
+        (1, "lance-prefetch defaults"),
         (1, "lance-prefetch r4/m4"),
         (1, "lance-prefetch r16/m4"),
-        (1, "lance-prefetch defaults"),
-        (2, "lance-prefetch r16/m4"),
-        (2, "lance-prefetch defaults"),
+        (1, "sequential"),
         (2, "lance-prefetch r4/m4"),
+        (2, "lance-prefetch r16/m4"),
+        (2, "sequential"),
+        (2, "lance-prefetch defaults"),
     ]
 
     fake = _fake_report(tmp_path)["contenders"]
@@ -377,9 +411,10 @@ def test_repeats_run_interleaved_rounds_and_keep_each_settings_median(tmp_path):
     assert entry["rounds"][-1] == {"round": 4, "error": "RuntimeError: boom"}
     assert entry["failed_rounds"] == ["RuntimeError: boom"]
     assert verdicts.failures(merged) == ["lance-prefetch r4/m1"]  # a failed round fails the run
-    assert report._settings_text(entry).endswith(
-        "; median of 4 runs (900-1,300 rows/s, waited 50.0%); 1 of 5 runs FAILED: RuntimeError: boom"
-    )
+    assert report._settings_text(entry).endswith("; 1 of 5 runs FAILED: RuntimeError: boom")
+    assert verdicts.spread(entry) == (900, 1300, 4)
+    row = report.table_rows({**_fake_report(tmp_path), "contenders": merged})[2]
+    assert row[5:7] == ["1,000", "900-1,300 (4)"]  # the median run, the spread of the 4 that ran
     # the runs themselves are not changed
     assert [run["passes"]["step"]["wait_fraction"] for run in runs[1:5]] == [0.5, 0.3, 0.7, 0.05]
     assert verdicts.failures(verdicts.merge_rounds(runs[:4])) == []
@@ -511,7 +546,9 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(
-        r"^\| contender \| settings \| uniform \| rows/s \|", result.stdout, re.MULTILINE
+        r"^\| contender \| settings \| reader \| takes/batch \| uniform \| rows/s \| spread",
+        result.stdout,
+        re.MULTILINE,
     )
     assert (out / "tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| sequential |" in (out / "tiny.md").read_text()
@@ -606,7 +643,9 @@ def test_ctrl_c_stops_everything(tmp_path, need_nginx):
         process.kill()
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1] == "interrupted"
+    assert stderr.strip().splitlines()[-1] == (
+        "interrupted: 0 of 1 contender runs finished; nothing was written"
+    )
     assert wait_until(lambda: _processes_mentioning(str(temp)) == [])
     assert list(temp.iterdir()) == []
 
@@ -703,3 +742,175 @@ def test_auto_is_also_compared_round_by_round():
     (target,) = [t for t in verdicts._performance_targets(meta, False) if "10%" in t["target"]]
     assert target["value"] == 0.95 and target["met"]  # medians: 95 / 100
     assert target["detail"].endswith("round by round: median 0.95x (0.90-1.25x over 3 rounds)")
+
+
+# -- a run stopped half-way ------------------------------------------------------------------------
+def _bench_until_first_run(tmp_path, name):
+    """Start the bench on a tiny local dataset with three contender runs (sequential, the
+    loader's defaults, one grid point) and return the process once the first run's line is out
+    (its results are on disk before that line is printed), with the lines read so far."""
+    uri = write_synthetic(str(tmp_path / "kill.lance"), 400, rows_per_file=200)
+    command = [
+        *(sys.executable, "-m", "lance_prefetch_bench", uri),
+        *("--batch-size", "32", "--batches", "3", "--warmup-batches", "0", "--step-ms", "1"),
+        *("--contenders", "sequential,lance-prefetch", "--readahead", "2", "--max-in-flight", "2"),
+        *("--out", str(tmp_path / "out"), "--name", name),
+    ]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    lines = []
+    while not lines or not lines[-1].startswith("[1/3]"):
+        line = process.stdout.readline()
+        assert line, (lines, process.communicate())
+        lines.append(line.rstrip("\n"))
+    return process, lines
+
+
+def _finished_on_disk(tmp_path, name):
+    data = json.loads((tmp_path / "out" / f"{name}.json").read_text())
+    (sequential,) = data["contenders"]  # the finished run, and only it
+    assert sequential["label"] == "sequential" and "error" not in sequential
+    assert sequential["passes"]["throughput"]["rows"] == 3 * 32
+    assert sequential["passes"]["throughput"]["rows_per_s"] > 0
+    assert 0 <= sequential["passes"]["step"]["wait_fraction"] <= 1
+    assert data["meta"]["progress"]["finished"] == 1 and data["meta"]["progress"]["planned"] == 3
+    assert not data["meta"]["progress"]["complete"]
+    markdown = (tmp_path / "out" / f"{name}.md").read_text()
+    assert "- **partial results**: 1 of 3 contender runs finished" in markdown
+    assert re.search(
+        r"^\| sequential \| {2}\| Lance default \| 1 \| yes \| [\d,]+ \| 1 run \|", markdown, re.M
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        f"{name}.json",
+        f"{name}.md",
+        f"{name}.png",
+    ]
+    return data
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_keeps_the_finished_contenders_on_disk(tmp_path):
+    """SIGTERM after the first of three contender runs: exit status 143, a last line saying how
+    many runs finished and where they are, and the outputs hold exactly that run."""
+    process, lines = _bench_until_first_run(tmp_path, "stopped")
+    try:
+        assert re.fullmatch(
+            r"\[1/3\] sequential: [\d,]+ rows/s, waited [\d.]+% \(\d+\.\d s\)", lines[-1]
+        )
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    out = tmp_path / "out"
+    assert stderr.strip().splitlines()[-1] == (
+        f"interrupted: 1 of 3 contender runs finished; their results are in {out / 'stopped.json'} "
+        f"and {out / 'stopped.md'}"
+    )
+    assert "Traceback" not in stderr
+    data = _finished_on_disk(tmp_path, "stopped")
+    assert data["meta"]["progress"]["interrupted"] == "exit status 143"
+    assert wait_until(lambda: _processes_mentioning(str(tmp_path / "lance-bench-")) == [])
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_leaves_the_last_whole_outputs(tmp_path):
+    """SIGKILL, which nothing can catch, after the first of three runs: each output was replaced
+    whole after that run, so they hold it (and no half-written file is left)."""
+    process, _ = _bench_until_first_run(tmp_path, "killed")
+    process.kill()
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    data = _finished_on_disk(tmp_path, "killed")
+    assert data["meta"]["progress"]["interrupted"] is None
+    # the running contender's process dies with the bench (PR_SET_PDEATHSIG)
+    assert wait_until(lambda: _processes_mentioning(str(tmp_path / "lance-bench-")) == [])
+
+
+def test_identical_settings_apart_beyond_their_spread_are_flagged(tmp_path):
+    """The defaults and the same values given as a grid point (auto): medians 62k and 143k, runs
+    61-63k and 140-145k, so the gap exceeds the spread: both rows get `!` and a footnote; a third
+    setting is not flagged; (best) goes to the best median, the auto grid point. Overlapping
+    ranges are not flagged."""
+    fake = _fake_report(tmp_path)
+    template = fake["contenders"][2]
+
+    def setting(label, settings, rates):
+        row = json.loads(json.dumps(template))
+        row.update(label=label, settings=settings)
+        row["passes"]["throughput"]["rows_per_s"] = sorted(rates)[(len(rates) - 1) // 2]
+        row["rounds"] = [{"round": i, "rows_per_s": r} for i, r in enumerate(rates)]
+        return row
+
+    auto = {"readahead": "auto", "max_in_flight": "auto", "coalesce": "auto"}
+    defaults = setting("lance-prefetch defaults", {"defaults": True, **auto}, [61e3, 63e3, 62e3])
+    grid = setting("lance-prefetch auto", {**auto, "cache": "none"}, [140e3, 145e3, 143e3])
+    fixed = setting("lance-prefetch r4/m4", {"readahead": 4, "max_in_flight": 4}, [70e3, 99e3])
+    fake["contenders"] = [fake["contenders"][0], defaults, fixed, grid]
+    (flag,) = verdicts.noise_flags(fake["contenders"])
+    assert flag["labels"] == ["lance-prefetch defaults", "lance-prefetch auto"]
+    assert flag["detail"] == (
+        "lance-prefetch defaults 62,000 rows/s (61,000-63,000, 3 runs) vs lance-prefetch auto "
+        "143,000 rows/s (140,000-145,000, 3 runs)"
+    )
+    table = report.table_rows(fake)[1:]
+    rows = {c["label"]: row for c, row in zip(fake["contenders"], table, strict=True)}
+    assert rows["lance-prefetch defaults"][0] == "**lance-prefetch defaults**"
+    assert rows["lance-prefetch defaults"][5:7] == ["62,000 !", "61,000-63,000 (3)"]
+    assert rows["lance-prefetch auto"][0] == "**lance-prefetch** (best)"
+    assert rows["lance-prefetch auto"][5:7] == ["143,000 !", "140,000-145,000 (3)"]
+    assert rows["lance-prefetch r4/m4"][:1] + rows["lance-prefetch r4/m4"][5:7] == [
+        "lance-prefetch",
+        "70,000",
+        "70,000-99,000 (2)",
+    ]
+    assert verdicts.best_labels(fake["contenders"]) == ["lance-prefetch auto"]
+    markdown = report.to_markdown(fake)
+    assert "! identical settings whose rows/s ranges lie more than 5% apart" in markdown
+    assert f"- {flag['detail']}" in markdown
+    # ranges that overlap, or lie within 5%: noise the runs showed, not flagged
+    grid["rounds"] = [{"round": 0, "rows_per_s": 64e3}, {"round": 1, "rows_per_s": 90e3}]
+    assert verdicts.noise_flags(fake["contenders"]) == []
+    grid["rounds"] = [{"round": 0, "rows_per_s": 66e3}]
+    assert verdicts.noise_flags(fake["contenders"]) == []
+
+
+def test_bar_chart_sorts_rows_and_keeps_non_uniform_readers_apart(tmp_path):
+    """Uniform readers in the first panel, sorted fastest first and scaled to themselves; the
+    460k rows/s of lance-torch (not uniform) in a second panel; a failed contender at the bottom."""
+    import matplotlib.pyplot as plt
+
+    fake = _fake_report(tmp_path)
+    scan = json.loads(json.dumps(fake["contenders"][0]))
+    scan.update(name="lance-torch", label="lance-torch", uniform="no (shuffled contiguous ranges)")
+    scan["passes"]["throughput"]["rows_per_s"] = 460_000
+    fake["contenders"].append(scan)
+    figure = report.bar_chart(fake)
+    try:
+        uniform, other = figure.axes
+        labels = [tick.get_text().split(" (")[0] for tick in uniform.get_yticklabels()]
+        # from the top: the fastest ... the slowest, then the failed map-style
+        assert labels == [
+            "lance-prefetch r4/m4",  # 4,500
+            "lance-prefetch r16/m4",  # 3,900
+            "lance-prefetch r4/m1",  # 1,100
+            "sequential",  # 1,000
+            "map-style",  # failed
+        ]
+        assert uniform.get_xlim()[1] == pytest.approx(4500 * 1.6)
+        assert [t.get_text().split(" (")[0] for t in other.get_yticklabels()] == ["lance-torch"]
+        assert other.get_xlim()[1] == pytest.approx(460_000 * 1.6)
+        assert uniform.get_title(loc="left") == "uniform random batches"
+    finally:
+        plt.close(figure)
+    # the readahead grid's lines: with two readahead values or more only (else dots)
+    assert report.write_grid_plot(fake, tmp_path / "grid.png")
+    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
+    fake["contenders"] = [c for c in fake["contenders"] if c["settings"].get("readahead") != 16]
+    assert not report.write_grid_plot(fake, tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()

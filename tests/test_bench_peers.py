@@ -126,8 +126,8 @@ def test_a_missing_peer_is_a_skipped_row_with_the_install_line(tiny, tmp_path, m
     assert verdicts.failures(result["contenders"]) == []
     markdown = paths["markdown"].read_text()
     assert (
-        f"| grain | ReadOptions(num_threads=16), one take per index batch | yes (its own "
-        f"shuffle) | skipped: {hint}" in markdown
+        f"| grain | ReadOptions(num_threads=16), one take per index batch | peer's own, takes "
+        f"through n/a | 1 | yes (its own shuffle) | skipped: {hint}" in markdown
     )
     assert "**Targets:**" not in markdown and "targets" not in result  # only with --targets
     assert paths["plot"].stat().st_size > 10_000
@@ -164,18 +164,37 @@ def test_the_defaults_row_is_marked_and_kept_out_of_the_tuned_settings():
     assert verdicts.prefetch_runs([defaults, tuned]) == [tuned]
     assert verdicts.best_prefetch([defaults, tuned]) is tuned
     table = report.table_rows(
-        {"meta": {"settings": {"step_ms": 50}}, "contenders": [defaults, tuned]}
+        {"meta": {"settings": {"step_ms": 50, "batch_size": 8}}, "contenders": [defaults, tuned]}
     )
-    assert table[0][:4] == ["contender", "settings", "uniform", "rows/s"]
-    assert table[1][:8] == [
-        "**lance-prefetch defaults**",
+    assert table[0][:7] == [
+        "contender",
+        "settings",
+        "reader",
+        "takes/batch",
+        "uniform",
+        "rows/s",
+        "spread (min-max, runs)",
+    ]
+    # the defaults read more than the tuned setting: they carry the (best) mark, not it
+    assert table[1][:11] == [
+        "**lance-prefetch defaults** (best)",
         "no tuning arguments (its defaults: readahead=auto, max_in_flight=auto, coalesce=auto)",
+        "n/a",
+        "n/a",
         "yes",
         "9,000",
+        "1 run",
         "1.0",
         "1.0",
         "600",
         "250",
     ]
-    assert table[1][10] == "321"  # peak RSS MiB
-    assert table[2][:3] == ["**lance-prefetch** (best)", "readahead=4, max_in_flight=4", "yes"]
+    assert table[1][13] == "321"  # peak RSS MiB
+    assert table[2][:6] == [
+        "lance-prefetch",
+        "readahead=4, max_in_flight=4",
+        "n/a",
+        "n/a",
+        "yes",
+        "5,000",
+    ]

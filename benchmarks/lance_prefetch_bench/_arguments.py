@@ -93,8 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--columns", type=_names, help="comma-separated columns to read (default: all)")
     add("--batch-size", type=int, default=defaults.batch_size, help="rows per batch")
     add("--batches", type=int, default=defaults.batches, help="batches per timed pass")
-    add("--warmup-batches", type=int, default=defaults.warmup_batches)
-    add("--seed", type=int, default=defaults.seed)
+    add(
+        "--warmup-batches",
+        type=int,
+        default=defaults.warmup_batches,
+        help="untimed batches before the timed passes",
+    )
+    add("--seed", type=int, default=defaults.seed, help="seed of every epoch's permutation")
     add(
         "--step-ms",
         type=float,
@@ -102,94 +107,101 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulated training step of the step pass (sleep), ms",
     )
     add("--rows", type=int, default=defaults.rows, help="rows of the synthetic dataset")
-    add("--rows-per-file", type=int, default=defaults.rows_per_file)
+    add(
+        "--rows-per-file",
+        type=int,
+        default=defaults.rows_per_file,
+        help="rows per fragment of the synthetic dataset",
+    )
     add(
         "--readahead",
         type=_int_or_auto_list,
         default=defaults.readahead,
         metavar="N,N,...",
         help="lance-prefetch readahead values; 'auto' adds a readahead=auto, "
-        "max_in_flight=auto setting (default: 1,4,16,64)",
+        "max_in_flight=auto setting",
     )
     add(
         "--max-in-flight",
         type=_int_or_auto_list,
         default=defaults.max_in_flight,
         metavar="N,N,...",
-        help="lance-prefetch max_in_flight values; pairs above readahead are "
-        "skipped (default: 1,4,16)",
+        help="lance-prefetch max_in_flight values; pairs above readahead are skipped",
     )
     add(
         "--coalesce",
         type=_int_or_auto_list,
         default=defaults.coalesce,
         metavar="N,...",
-        help="lance-prefetch coalesce values, e.g. 1,auto (default: auto)",
+        help="lance-prefetch coalesce values, e.g. 1,auto",
     )
     add(
         "--cache",
         type=_caches,
         default=defaults.cache,
         metavar="none,memory,disk",
-        help="lance-prefetch cache values (default: none)",
+        help="lance-prefetch cache values",
     )
     add(
         "--hedge",
         type=_hedges,
         default=defaults.hedge,
         metavar="auto,none",
-        help="lance-prefetch hedge values: auto (hedged takes on object stores), none "
-        "(default: auto)",
+        help="lance-prefetch hedge values: auto (hedged takes on object stores), none (hedge=None)",
     )
     add(
         "--repeats",
         type=int,
         default=defaults.repeats,
-        help="runs of each lance-prefetch setting, in interleaved rounds; the median counts "
-        "(default: 1)",
+        help="runs of each contender (but ceiling) in interleaved rounds, each in its own "
+        "process; the table shows the median rows/s and the spread (min-max)",
     )
     add(
         "--ceiling-concurrency",
         type=_int_list,
         default=defaults.ceiling_concurrency,
         metavar="N,N,...",
-        help="thread-pool sizes tried by ceiling (default: 4,16,64)",
+        help="thread-pool sizes tried by ceiling",
     )
     add(
         "--ceiling-repeats",
         type=int,
         default=defaults.ceiling_repeats,
-        help="runs of ceiling per pool size; the best counts (default: 2)",
+        help="runs of ceiling per pool size; the best counts",
     )
-    add("--map-workers", type=int, default=defaults.map_workers)
+    add(
+        "--map-workers",
+        type=int,
+        default=defaults.map_workers,
+        help="DataLoader workers of map-style, lance-map and lance-map-rows",
+    )
     add(
         "--grain-threads",
         type=_int_list,
         default=defaults.grain_threads,
         metavar="N,...",
-        help="grain: ReadOptions.num_threads of each setting (default: 16)",
+        help="grain: ReadOptions.num_threads of each setting",
     )
     add(
         "--spdl-concurrency",
         type=_int_list,
         default=defaults.spdl_concurrency,
         metavar="N,...",
-        help="spdl: take concurrency of each setting (default: 8)",
+        help="spdl: take concurrency of each setting",
     )
     add(
         "--streaming-splits",
         type=_int_list,
         default=defaults.streaming_splits,
         metavar="N,...",
-        help="lancedb-streaming: num_splits of each setting (default: 1)",
+        help="lancedb-streaming: num_splits of each setting",
     )
     add(
         "--contenders",
         type=_contenders,
         default=defaults.contenders,
         help=f"comma-separated, among {','.join(KINDS)}; 'peers' for "
-        f"{','.join(PEER_KINDS)} (pip install 'lance-prefetch-bench[peers]' after torch) (default: "
-        f"the first five and the peers)",
+        f"{','.join(PEER_KINDS)} (pip install 'lance-prefetch-bench[peers]' after torch)",
     )
     add("--delay-ms", type=float, default=latency.delay_ms, help="--local-s3 added delay, ms")
     add("--jitter-ms", type=float, default=latency.jitter_ms, help="+/- uniform jitter, ms")
@@ -200,7 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fraction of requests in the slow tail",
     )
     add("--tail-ms", type=float, default=latency.tail_ms, help="the slow tail's extra delay, ms")
-    add("--latency-seed", type=int, default=latency.seed)
+    add("--latency-seed", type=int, default=latency.seed, help="seed of the --local-s3 delays")
     add(
         "--aimd-rate",
         type=int,
@@ -215,7 +227,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="uring: every contender reads the local dataset through Lance's io_uring reader "
         "(file+uring://)",
     )
-    add("--io-threads", type=int, help="set LANCE_IO_THREADS for the contenders")
+    add(
+        "--io-threads",
+        type=int,
+        help="set LANCE_IO_THREADS for the contenders (default: the environment's, else "
+        "Lance's: 64 on object stores, 8 for local files)",
+    )
     add(
         "--id-column",
         default=defaults.id_column,
@@ -224,8 +241,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--record-ids", action="store_true", help="store every id read in the JSON")
     add("--out", type=Path, default=defaults.out_dir, help="folder for NAME.json/.md/.png")
     add("--name", default=defaults.name, help="file name of the outputs, without suffix")
-    add("--contender-timeout-s", type=float, default=defaults.contender_timeout_s)
-    add("--no-progress", action="store_true", help="no progress bar")
+    add(
+        "--contender-timeout-s",
+        type=float,
+        default=defaults.contender_timeout_s,
+        help="a contender run taking longer is stopped and reported as failed",
+    )
+    add(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is one only on a terminal; a line per finished "
+        "contender run is printed either way)",
+    )
     add(
         "--targets",
         action="store_true",

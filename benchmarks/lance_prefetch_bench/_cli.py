@@ -27,10 +27,34 @@ DESCRIPTION = (
 
 def parser(prog: str = "lance-prefetch-bench") -> argparse.ArgumentParser:
     """The command's argument parser, named ``prog`` in its usage and errors."""
-    bench = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    bench = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, formatter_class=_Formatter)
     add_arguments(bench)
     bench.add_argument("-v", "--verbose", action="store_true", help="log what is being set up")
     return bench
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help lines that end with each option's default, as it is typed (``1,4,16,64``); an option
+    whose default is ``None`` or a flag's ``False`` states its default in its own help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or "(default" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+        ):
+            return text
+        if isinstance(default, (tuple, list)) and not default:
+            shown = "none"
+        elif isinstance(default, (tuple, list)):
+            shown = ",".join(str(value) for value in default)
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -76,7 +100,8 @@ def _run(args: argparse.Namespace) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     print(to_markdown(report, plot_name=str(paths["plot"])))
-    print(f"wrote {paths['json']}, {paths['markdown']} and {paths['plot']}")
+    plots = str(paths["plot"]) + (f" and {paths['grid_plot']}" if "grid_plot" in paths else "")
+    print(f"wrote {paths['json']}, {paths['markdown']} and {plots}")
     failed = failures(report["contenders"])
     if failed:
         print(
@@ -103,8 +128,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "lance-prefetch-bench") 
     Returns:
         int: 0 when every contender ran and all read the same rows; 1 when one failed, the rows
         differed, or an error (bad arguments, missing dataset, failed batch, missing module) was
-        printed as ``TypeName: message``; 130 on Ctrl-C. Bad command-line syntax exits with
-        argparse's status 2.
+        printed as ``TypeName: message``; 130 on Ctrl-C and 143 on SIGTERM, after a last line
+        ``interrupted: N of M contender runs finished; their results are in ...`` (the outputs
+        hold the finished runs). Bad command-line syntax exits with argparse's status 2.
     """
     args = parser(prog).parse_args(argv)
     try:
@@ -112,6 +138,19 @@ def main(argv: Sequence[str] | None = None, prog: str = "lance-prefetch-bench") 
     except (TypeError, ValueError, OSError, RuntimeError) as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        from lance_prefetch_bench.run import BenchInterrupted
+
+        if not isinstance(exc, BenchInterrupted):
+            print("interrupted", file=sys.stderr)
+            return 130
+        where = (
+            f"; their results are in {exc.paths['json']} and {exc.paths['markdown']}"
+            if exc.paths
+            else "; nothing was written"
+        )
+        print(
+            f"interrupted: {exc.finished} of {exc.planned} contender runs finished{where}",
+            file=sys.stderr,
+        )
+        return exc.exit_code

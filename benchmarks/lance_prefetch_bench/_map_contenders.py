@@ -154,7 +154,9 @@ class LanceMap(MapStyle):
         )
 
     def dataset(self) -> torch.utils.data.Dataset:
-        return _TimedMapDataset(self.spec, rows=self.rows)
+        timed = _TimedMapDataset(self.spec, rows=self.rows)
+        self.map_dataset = timed.dataset  # its io: the reader (the workers open the same)
+        return timed
 
 
 class LanceMapRows(LanceMap):

@@ -46,11 +46,12 @@ class BenchConfig:
         hedge (tuple[str, ...]): the grid's ``hedge`` values: ``"auto"`` (the loader's
             default: hedged takes on object stores) and ``"none"`` (``hedge=None``). Default:
             ``("auto",)``.
-        repeats (int): runs of each ``lance-prefetch`` setting, each in its own process, in
+        repeats (int): runs of each contender setting but ``ceiling`` (which has
+            ``ceiling_repeats``) and peers that are not installed, each in its own process, in
             interleaved rounds (every setting once per round, the order rotated by one each
             round, so slow spells of the machine spread over the settings); the report keeps
-            each setting's median run (see :func:`~lance_prefetch_bench.report.merge_rounds`).
-            Default: ``1``.
+            each setting's median run and its spread (see
+            :func:`~lance_prefetch_bench.verdicts.merge_rounds`). Default: ``1``.
         ceiling_concurrency (tuple[int, ...]): thread-pool sizes tried by ``ceiling``. Default:
             ``(4, 16, 64)``.
         ceiling_repeats (int): runs of ``ceiling`` per pool size; the best counts. Default: ``2``.

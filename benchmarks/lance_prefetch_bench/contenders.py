@@ -313,6 +313,7 @@ def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, A
     if stats is not None and stats.epoch is not None:
         notes.append(f"loader.stats() at the end of the step pass: {stats}")
     return {
+        "io": _reader_io(spec, contender),
         "setup_s": setup_s,
         "warmup_s": warmup_s,
         "cold_first_batch_s": cold_first_batch_s,
@@ -321,6 +322,17 @@ def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, A
         "ids": {str(THROUGHPUT_EPOCH): ids_0, str(STEP_EPOCH): ids_1},
         "notes": notes,
     }
+
+
+def _reader_io(spec: ContenderSpec, contender: Any) -> str:
+    """The reader the contender's takes went through: ``"uring"`` (Lance's io_uring reader) or
+    ``"default"``; the library's own readers say which they use (``io="auto"`` picks io_uring
+    on local files where the kernel allows it)."""
+    for owner in (getattr(contender, "loader", None), getattr(contender, "map_dataset", None)):
+        io = getattr(owner, "io", None)
+        if io in ("uring", "default"):
+            return io
+    return "uring" if spec.uri.startswith("file+uring://") else "default"
 
 
 def run_contender(spec: ContenderSpec, tick: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -333,7 +345,8 @@ def run_contender(spec: ContenderSpec, tick: Callable[[], None] | None = None) -
     Returns:
         dict: ``setup_s``, ``warmup_s``, ``passes`` (``throughput`` and, except for
         ``ceiling``, ``step``: the metrics listed in this module's docstring), ``ids`` (per
-        epoch, see :func:`~lance_prefetch_bench._measure.ids_record`), ``notes``, ``peak_rss_self_mib`` (this process's peak
+        epoch, see :func:`~lance_prefetch_bench._measure.ids_record`), ``io`` (the reader its
+        takes went through: ``"uring"`` or ``"default"``), ``notes``, ``peak_rss_self_mib`` (this process's peak
         resident memory) and ``rss_before_mib`` (its resident memory before the contender was
         built); ``ceiling`` adds ``sweep`` and ``best_concurrency``.
     """
@@ -343,6 +356,7 @@ def run_contender(spec: ContenderSpec, tick: Callable[[], None] | None = None) -
         from lance_prefetch_bench._ceiling import run_ceiling
 
         result = run_ceiling(spec, tick)
+        result["io"] = _reader_io(spec, None)
     else:
         result = _run_iterating(spec, tick)
     result["rss_before_mib"] = rss_before

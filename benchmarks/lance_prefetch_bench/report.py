@@ -8,7 +8,12 @@ A report is a plain dict (written as JSON as it is)::
                      "ids": {"0": {...}, "1": {...}}, "peak_rss_mib", "notes", ...}, ...],
      "ids_check": {...}, "targets": [...] (with ``--targets`` only)}
 
-A contender has ``uniform`` (whether its batches are uniformly random, and how; see
+``meta.progress`` holds ``finished`` and ``planned`` (contender runs), ``complete`` and
+``interrupted`` (``None``, ``"Ctrl-C"`` or ``"exit status N"``): the outputs are rewritten after
+every run, so a partial report is a report too.
+
+A contender has ``io`` (the Lance reader its takes went through: ``"uring"`` or
+``"default"``), ``uniform`` (whether its batches are uniformly random, and how; see
 :data:`~lance_prefetch_bench._spec.UNIFORM`), and ``skipped`` (why, and how to install it) in place
 of ``passes`` when it is a peer loader that is not installed.
 """
@@ -16,22 +21,35 @@ of ``passes`` when it is a peer loader that is not installed.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from lance_prefetch_bench._spec import UNIFORM
 from lance_prefetch_bench.verdicts import (
+    NOISE_GAP,
     PREFETCH,
-    best_prefetch,
+    best_labels,
     by_name,
     is_ok,
+    noise_flags,
     prefetch_runs,
     same_rows_verdict,
     setting_of,
+    spread,
 )
 
-__all__ = ["table_rows", "to_markdown", "write_outputs", "write_plot"]
+__all__ = [
+    "reader_text",
+    "table_rows",
+    "takes_text",
+    "to_markdown",
+    "bar_chart",
+    "write_grid_plot",
+    "write_outputs",
+    "write_plot",
+]
 
 
 # -- Markdown ------------------------------------------------------------------------------------
@@ -55,16 +73,18 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
                 text += f" (filled {contender['fill_s']:.1f} s after the first iter())"
         if settings.get("hedge", "auto") != "auto":
             text += f", hedge={settings['hedge']}"
-        rates = [r["rows_per_s"] for r in contender.get("rounds", []) if "rows_per_s" in r]
-        if rates:
-            text += (
-                f"; median of {len(rates)} runs ({min(rates):,.0f}-{max(rates):,.0f} rows/s, "
-                f"waited {_fmt(contender['passes']['step'].get('wait_fraction'), '.1%')})"
-            )
-        failed = contender.get("failed_rounds", [])
-        if failed:
-            text += f"; {len(failed)} of {len(contender['rounds'])} runs FAILED: {failed[0]}"
-        return text
+        return text + _failed_rounds_text(contender)
+    return _other_settings_text(contender, settings) + _failed_rounds_text(contender)
+
+
+def _failed_rounds_text(contender: Mapping[str, Any]) -> str:
+    failed = contender.get("failed_rounds", [])
+    if not failed:
+        return ""
+    return f"; {len(failed)} of {len(contender['rounds'])} runs FAILED: {failed[0]}"
+
+
+def _other_settings_text(contender: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
     if contender["name"] == "ceiling" and is_ok(contender):
         repeats = settings.get("repeats", 1)
         tried = f"{settings['concurrency']}" + (f" x {repeats} runs" if repeats > 1 else "")
@@ -87,6 +107,42 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
     return ""
 
 
+def reader_text(contender: Mapping[str, Any]) -> str:
+    """The reader behind the contender's rows: ``io_uring`` or ``Lance default`` (Lance's
+    reader its takes went through), ``contiguous scan`` (``lance-torch``), or ``peer's own``."""
+    io = {"uring": "io_uring", "default": "Lance default"}.get(contender.get("io", ""), "n/a")
+    name = contender["name"]
+    if name == "lance-torch":
+        return "contiguous scan" + (" (io_uring)" if io == "io_uring" else "")
+    if name in ("grain", "spdl"):
+        return f"peer's own, takes through {io}"
+    if name == "lancedb-streaming":
+        return "peer's own (LanceDB)"
+    return io
+
+
+def takes_text(contender: Mapping[str, Any], batch_size: int) -> str:
+    """``take`` calls a batch: measured for ``lance-prefetch`` (its takes during the throughput
+    pass over its batches; ``1/16``: one take serves 16 batches), else what the contender does."""
+    name = contender["name"]
+    if name == PREFETCH:
+        throughput = (contender.get("passes") or {}).get("throughput") or {}
+        takes, batches = throughput.get("takes"), throughput.get("batches")
+        if not takes or not batches:
+            return "n/a"
+        value = takes / batches
+        return f"1/{1 / value:.0f}" if value < 1 else f"{value:.2g}"
+    if name == "prefetch-workers":
+        return f"coalesce={setting_of(contender, 'coalesce', 'auto')}"
+    if name == "lance-map-rows":
+        return f"{batch_size} (a row each)"
+    if name == "lance-torch":
+        return "0 (scan)"
+    if name == "lancedb-streaming":
+        return "n/a (its own reads)"
+    return "1"
+
+
 def uniform_text(contender: Mapping[str, Any]) -> str:
     """Whether the contender's batches are uniformly random (``yes``, ``yes (...)``, ``no (...)``)."""
     return contender.get("uniform") or UNIFORM.get(contender["name"], "n/a")
@@ -100,14 +156,21 @@ def display_name(contender: Mapping[str, Any]) -> str:
 
 
 def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
-    """The Markdown table's rows (header first)."""
+    """The Markdown table's rows (header first). ``rows/s`` is the median of the runs (one run:
+    its own), ``!`` after it marks rows of identical settings that differ by more than their
+    spread (:func:`~lance_prefetch_bench.verdicts.noise_flags`), and ``(best)`` the
+    ``lance-prefetch`` row with the highest median of its family (one ``cache`` value)."""
     step_ms = report["meta"]["settings"]["step_ms"]
+    batch_size = report["meta"]["settings"]["batch_size"]
     rows = [
         [
             "contender",
             "settings",
+            "reader",
+            "takes/batch",
             "uniform",
             "rows/s",
+            "spread (min-max, runs)",
             "batches/s",
             "MiB/s",
             "first batch ms, cold",
@@ -119,26 +182,34 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
             "start s",
         ]
     ]
-    best = best_prefetch(report["contenders"])
+    best = set(best_labels(report["contenders"]))
+    flagged = {label for flag in noise_flags(report["contenders"]) for label in flag["labels"]}
     for contender in report["contenders"]:
         name = display_name(contender)
-        if best is not None and contender is best:
+        if contender["label"] in best:
             name = f"**{name}** (best)"
         elif name != contender["name"]:
             name = f"**{name}**"
+        described = [
+            name,
+            _settings_text(contender),
+            reader_text(contender),
+            takes_text(contender, batch_size),
+            uniform_text(contender),
+        ]
         if not is_ok(contender):
             why = f"skipped: {contender['skipped']}" if "skipped" in contender else None
             why = why or f"failed: {contender['error']}"
-            rows.append([name, _settings_text(contender), uniform_text(contender), why] + [""] * 9)
+            rows.append(described + [why] + [""] * (len(rows[0]) - len(described) - 1))
             continue
         throughput = contender["passes"]["throughput"]
         step = contender["passes"].get("step", {})
+        low, high, runs = spread(contender) or (0.0, 0.0, 0)
         rows.append(
-            [
-                name,
-                _settings_text(contender),
-                uniform_text(contender),
-                _fmt(throughput["rows_per_s"]),
+            described
+            + [
+                _fmt(throughput["rows_per_s"]) + (" !" if contender["label"] in flagged else ""),
+                f"{low:,.0f}-{high:,.0f} ({runs})" if runs > 1 else "1 run",
                 _fmt(throughput["batches_per_s"], ",.1f"),
                 _fmt(throughput["mib_per_s"], ",.1f"),
                 _fmt(contender.get("cold_first_batch_s"), ",.0f", 1000),
@@ -177,22 +248,48 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
         "- uniform: whether every batch is a uniform random sample of the epoch's rows (yes), and "
         "whose shuffle it is when not the plan's; lance-prefetch defaults: the loader given no "
         "tuning arguments, next to the tuned settings",
+        "- reader: the Lance reader the takes went through (io_uring, or Lance's default reader), "
+        "a contiguous scan (lance-torch), or a peer's own; takes/batch: take calls per batch "
+        "(measured for lance-prefetch: 1/16 is one coalesced take serving 16 batches)",
         f"- total run time: {meta['total_s']:.0f} s",
         "",
     ]
-    if settings.get("repeats", 1) > 1 and PREFETCH in settings.get("contenders", [PREFETCH]):
+    repeats = settings.get("repeats", 1)
+    lines[-1:-1] = [
+        f"- each contender setting ran {repeats} time(s), in interleaved rounds (order rotated "
+        f"each round; ceiling: the best of its own repeats); rows/s is the median run, spread "
+        f"the lowest and highest run, waited the median wait fraction"
+        if repeats > 1
+        else "- each contender ran once (no spread: --repeats 3 gives medians and spreads)"
+    ]
+    progress = meta.get("progress") or {}
+    if progress and not progress.get("complete"):
+        state = progress.get("interrupted") or "still running"
         lines[-1:-1] = [
-            f"- each {PREFETCH} setting ran {settings['repeats']} times, in interleaved rounds "
-            f"(order rotated each round); its row shows the median run (rows/s) and the median "
-            f"wait fraction"
+            f"- **partial results**: {progress['finished']} of {progress['planned']} contender "
+            f"runs finished ({state})"
         ]
     table = table_rows(report)
     lines.append("| " + " | ".join(table[0]) + " |")
     lines.append("|" + "---|" * len(table[0]))
     lines.extend("| " + " | ".join(row) + " |" for row in table[1:])
     lines.append("")
+    flags = noise_flags(report["contenders"])
+    if flags:
+        lines.append(
+            f"! identical settings whose rows/s ranges lie more than {NOISE_GAP:.0%} apart: the "
+            f"machine's noise exceeds the spread of their runs, so differences of that size "
+            f"between other rows mean nothing either (more --repeats, or a quieter machine):"
+        )
+        lines.extend(f"- {flag['detail']}" for flag in flags)
+        lines.append("")
+    lines.append(
+        "(best): the lance-prefetch row (its defaults included) with the highest median rows/s "
+        "among those with the same cache."
+    )
+    lines.append("")
     if plot_name:
-        lines += [f"![throughput and wait fraction vs readahead]({plot_name})", ""]
+        lines += [f"![rows/s of every contender, sorted]({plot_name})", ""]
     check = report["ids_check"]
     lines.append(f"**Same rows:** {same_rows_verdict(check)}.")
     for epoch, entry in check["epochs"].items():
@@ -225,21 +322,24 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
 
 
 # -- plot ------------------------------------------------------------------------------------------
-def write_plot(report: Mapping[str, Any], path: Path) -> None:
-    """Above: rows/s and wait fraction vs readahead, one line per max_in_flight, the other
-    contenders as horizontal lines. Below: every contender's rows/s as a bar, labelled with its
-    setting and whether it is uniform, annotated with its first batch and peak RSS."""
+def write_grid_plot(report: Mapping[str, Any], path: Path) -> bool:
+    """Rows/s and wait fraction vs readahead, one line per max_in_flight, the other contenders as
+    horizontal lines, the legend below the panels. Written only when the grid has at least two
+    fixed readahead values (else each line would be a dot).
+
+    Returns:
+        bool: whether it was written.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     contenders = [c for c in report["contenders"] if is_ok(c)]
-    entries = report["contenders"]
-    figure = plt.figure(figsize=(12, 5.4 + 0.32 * len(entries)), layout="constrained")
-    top, bottom = figure.subfigures(2, 1, height_ratios=[4.8, 0.6 + 0.32 * len(entries)])
-    left, right = top.subplots(1, 2)
-    _bars(bottom.subplots(), entries)
+    if len({c["settings"]["readahead"] for c in prefetch_runs(contenders, auto=False)}) < 2:
+        return False
+    figure = plt.figure(figsize=(12, 6.5), layout="constrained")
+    left, right = figure.subplots(1, 2)
     # lines: the fixed settings without a cache, one per (max_in_flight, coalesce); the others
     # (readahead="auto", caches) as horizontal lines
     grid = prefetch_runs(contenders, auto=False)
@@ -289,10 +389,9 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
         wait = contender["passes"]["step"].get("wait_fraction")
         if wait is not None:
             right.axhline(100 * wait, **line)
-    baselines = {  # name: (color, line style)
+    baselines = {  # name: (color, line style); not lance-torch (not uniform; the bar chart has it)
         "sequential": ("black", ":"),
         "map-style": ("tab:red", "--"),
-        "lance-torch": ("tab:purple", "-."),
         "ceiling": ("dimgray", "-"),
         "prefetch-workers": ("tab:green", "--"),
         "lance-map": ("tab:orange", "--"),
@@ -306,7 +405,6 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
         if contender is None:
             continue
         label = {
-            "lance-torch": "lance-torch (pseudo-random)",
             "ceiling": f"ceiling ({contender.get('best_concurrency')} threads)",
         }.get(name, contender["label"])  # a peer: its first setting
         line = {"color": color, "linestyle": style, "linewidth": 1.2, "label": label}
@@ -322,8 +420,6 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
             axis.minorticks_off()
         axis.set_xlabel("readahead (batches)")
         axis.grid(True, alpha=0.3)
-        if axis.get_legend_handles_labels()[0]:  # (no step pass: nothing on the right)
-            axis.legend(fontsize=8)
     left.set_ylabel("rows/s (throughput pass)")
     left.set_ylim(bottom=0)
     step_ms = report["meta"]["settings"]["step_ms"]
@@ -344,18 +440,101 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
         f"{meta['machine']['cores']} cores",
         fontsize=10,
     )
+    handles, labels = left.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def write_plot(report: Mapping[str, Any], path: Path) -> None:
+    """Write :func:`bar_chart` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    figure = bar_chart(report)
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
+def bar_chart(report: Mapping[str, Any]) -> Any:
+    """Every contender's rows/s (the median of its runs, the spread as an error bar) as a
+    horizontal bar, sorted, fastest on top: the uniform readers in one panel and the others
+    (``lance-torch``'s shuffled contiguous ranges) in a panel of their own with its own scale, so
+    a fast non-uniform reader does not squeeze the rest; ``lance-prefetch`` defaults, its tuned
+    settings and the other contenders in three colours, the legend below the panels. Failed and
+    skipped contenders are listed, without a bar, at the bottom of their panel.
+
+    Returns:
+        matplotlib.figure.Figure: the figure (one axis a panel, uniform first).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = report["contenders"]
+    uniform = [e for e in entries if not uniform_text(e).startswith("no")]
+    other = [e for e in entries if uniform_text(e).startswith("no")]
+    panels = [
+        (group, title)
+        for group, title in (
+            (uniform, "uniform random batches"),
+            (other, "not uniform (do not compare with the panel above)"),
+        )
+        if group
+    ]
+    sizes = [max(len(group), 1) for group, _ in panels]
+    figure = plt.figure(figsize=(11, 1.6 + 0.42 * sum(sizes)), layout="constrained")
+    axes = figure.subplots(len(panels), 1, height_ratios=sizes, squeeze=False)[:, 0]
+    for axis, (group, title) in zip(axes, panels, strict=True):
+        _bars(axis, group)
+        axis.set_title(title, fontsize=9, loc="left")
+    axes[-1].set_xlabel("rows/s, throughput pass (median of the runs; bar: lowest-highest run)")
+    colors = {
+        "lance-prefetch defaults": "tab:orange",
+        "lance-prefetch (tuned settings)": "tab:blue",
+        "other contenders": "tab:gray",
+    }
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color) for color in colors.values()]
+    labels = list(colors)
+    if len(panels) > 1:
+        handles.append(
+            plt.Rectangle((0, 0), 1, 1, facecolor="tab:gray", hatch="//", edgecolor="white")
+        )
+        labels.append("not uniform (own panel and scale)")
+    figure.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
+    meta = report["meta"]
+    storage, settings = meta["storage"], meta["settings"]
+    latency = storage.get("latency")
+    added = (
+        f", +{latency['delay_ms']:g} +/- {latency['jitter_ms']:g} ms, "
+        f"{latency['tail_fraction']:.0%} +{latency['tail_ms']:g} ms"
+        if latency
+        else ""
+    )
+    figure.suptitle(
+        f"lance-prefetch bench, {storage['kind']}{added}: {meta['dataset']['rows']:,} rows, "
+        f"batch {settings['batch_size']}, {settings['batches']} batches a pass, "
+        f"{meta['machine']['cores']} cores",
+        fontsize=10,
+    )
+    return figure
+
+
 def _bars(axis: Any, entries: list[Mapping[str, Any]]) -> None:
-    """Each contender's rows/s (throughput pass) as a horizontal bar, first entry on top."""
+    """The entries' rows/s as horizontal bars, the fastest on top, each labelled with its setting
+    and reader and annotated with its rows/s, first batch and peak RSS."""
+    ran = sorted(
+        (e for e in entries if is_ok(e)), key=lambda e: -e["passes"]["throughput"]["rows_per_s"]
+    )
+    entries = ran + [e for e in entries if not is_ok(e)]
     labels, rates, texts, colors = [], [], [], []
+    errors: list[list[float]] = [[], []]  # below and above each bar
     for entry in entries:
-        label = f"{entry['label']}\nuniform: {uniform_text(entry)}"
+        label = f"{entry['label']} ({reader_text(entry)})"
         defaults = setting_of(entry, "defaults", False)
         if defaults:  # the values it ran with
-            label += "; " + ", ".join(
+            label += "\n" + ", ".join(
                 f"{name}={setting_of(entry, name, '?')}"
                 for name in ("readahead", "max_in_flight", "coalesce")
             )
@@ -365,32 +544,46 @@ def _bars(axis: Any, entries: list[Mapping[str, Any]]) -> None:
         )
         if not is_ok(entry):
             rates.append(0.0)
+            errors[0].append(0.0)
+            errors[1].append(0.0)
             texts.append("skipped (not installed)" if "skipped" in entry else "failed")
             continue
         throughput = entry["passes"]["throughput"]
-        rates.append(throughput["rows_per_s"])
+        rate = throughput["rows_per_s"]
+        low, high, _ = spread(entry) or (rate, rate, 1)
+        rates.append(rate)
+        errors[0].append(max(rate - low, 0.0))
+        errors[1].append(max(high - rate, 0.0))
         texts.append(
-            f"{throughput['rows_per_s']:,.0f} rows/s, first batch "
+            f"{rate:,.0f} rows/s, first batch "
             f"{_fmt(entry.get('cold_first_batch_s', throughput['first_batch_s']), ',.0f', 1000)} "
-            f"ms, peak RSS "
-            f"{_fmt(entry.get('peak_rss_mib'))} MiB"
+            f"ms, peak RSS {_fmt(entry.get('peak_rss_mib'))} MiB"
         )
     positions = list(range(len(entries)))[::-1]
-    axis.barh(positions, rates, color=colors, height=0.6)
-    top = max(rates, default=0.0) or 1.0
-    for position, rate, text in zip(positions, rates, texts, strict=True):
-        axis.text(rate + top * 0.01, position, text, va="center", fontsize=7)
+    bars = axis.barh(positions, rates, color=colors, height=0.6, xerr=errors, capsize=2)
+    for bar, entry in zip(bars, entries, strict=True):
+        if uniform_text(entry).startswith("no"):
+            bar.set_hatch("//")
+            bar.set_edgecolor("white")
+    top = max((rate + high for rate, high in zip(rates, errors[1], strict=True)), default=0.0)
+    top = top or 1.0
+    for position, rate, high, text in zip(positions, rates, errors[1], texts, strict=True):
+        axis.text(rate + high + top * 0.01, position, text, va="center", fontsize=7)
     axis.set_yticks(positions, labels, fontsize=7)
     axis.set_xlim(0, top * 1.6)
-    axis.set_xlabel("rows/s (throughput pass)")
     axis.grid(True, axis="x", alpha=0.3)
 
 
 def write_outputs(report: Mapping[str, Any], out_dir: Path, name: str) -> dict[str, Path]:
-    """Write ``NAME.json``, ``NAME.md`` and ``NAME.png`` to ``out_dir`` (created if missing).
+    """Write ``NAME.json``, ``NAME.md`` and ``NAME.png`` to ``out_dir`` (created if missing), each
+    to a temporary file first and then renamed over the old one (:func:`os.replace`), so a reader,
+    or a run killed while writing, finds a whole file, old or new.
+
+    ``NAME-grid.png`` (:func:`write_grid_plot`) is added when the grid has two readahead values
+    or more.
 
     Returns:
-        dict[str, Path]: the paths, keyed ``json``, ``markdown``, ``plot``.
+        dict[str, Path]: the paths, keyed ``json``, ``markdown``, ``plot`` (and ``grid_plot``).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -398,7 +591,27 @@ def write_outputs(report: Mapping[str, Any], out_dir: Path, name: str) -> dict[s
         "markdown": out_dir / f"{name}.md",
         "plot": out_dir / f"{name}.png",
     }
-    paths["json"].write_text(json.dumps(report, indent=1) + "\n")
-    write_plot(report, paths["plot"])
-    paths["markdown"].write_text(to_markdown(report, plot_name=paths["plot"].name))
+    _replace(paths["json"], lambda path: path.write_text(json.dumps(report, indent=1) + "\n"))
+    markdown = to_markdown(report, plot_name=paths["plot"].name)
+    _replace(paths["markdown"], lambda path: path.write_text(markdown))
+    _replace(paths["plot"], lambda path: write_plot(report, path))
+    grid = out_dir / f"{name}-grid.png"
+    written = []
+    _replace(grid, lambda path: written.append(write_grid_plot(report, path)), optional=True)
+    if written[0]:
+        paths["grid_plot"] = grid
     return paths
+
+
+def _replace(path: Path, write: Callable[[Path], Any], *, optional: bool = False) -> None:
+    """``write(temporary path)`` in ``path``'s folder, then rename it to ``path``; ``optional``:
+    ``write`` may write nothing, and then an old ``path`` is removed."""
+    temporary = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        write(temporary)
+        if optional and not temporary.exists():
+            path.unlink(missing_ok=True)
+            return
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)

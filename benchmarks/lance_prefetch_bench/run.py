@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,15 +25,41 @@ from lance_prefetch_bench._process import sigint_ignored
 from lance_prefetch_bench._spec import KINDS, UNIFORM, ContenderSpec
 from lance_prefetch_bench.config import _LOCAL_SCHEMES, BenchConfig, _scheme
 
-__all__ = ["BenchConfig", "run_bench"]
+__all__ = ["BenchConfig", "BenchInterrupted", "finished_line", "run_bench"]
 
 logger = logging.getLogger(__name__)
 
 _MIB = 2**20
 
 
+class BenchInterrupted(KeyboardInterrupt):
+    """The run was stopped (Ctrl-C, or SIGTERM through the command) after ``finished`` of its
+    ``planned`` contender runs; their results are in ``paths`` (empty when none had finished).
+
+    Attributes:
+        finished (int): contender runs that had finished. planned (int): contender runs planned.
+        paths (dict[str, Path]): the outputs holding them, keyed ``json``, ``markdown``, ``plot``.
+        exit_code (int): the exit status the command should give: 130 for Ctrl-C, ``128 + N``
+            for signal ``N``.
+    """
+
+    def __init__(self, finished: int, planned: int, paths: dict[str, Path], exit_code: int) -> None:
+        super().__init__(f"interrupted after {finished} of {planned} contender runs")
+        self.finished, self.planned, self.paths, self.exit_code = (
+            finished,
+            planned,
+            paths,
+            exit_code,
+        )
+
+
 def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     """Run the benchmark that ``config`` describes; stop everything it started, whatever happens.
+
+    The outputs (JSON, Markdown, PNG; see :func:`~lance_prefetch_bench.report.write_outputs`) are
+    rewritten, each file replaced atomically, after every contender run that finishes, so a run
+    that is stopped or killed leaves the finished runs' results on disk (``meta.progress`` says
+    how many of how many).
 
     Returns:
         tuple[dict, dict[str, Path]]: the report (see :mod:`~lance_prefetch_bench.report`) and
@@ -42,18 +68,33 @@ def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     Raises:
         FileNotFoundError: no dataset at ``uri``, or nginx/rclone missing for ``local_s3``.
         ValueError: a column is not in the dataset, or it has fewer rows than one batch.
-        KeyboardInterrupt: Ctrl-C; the servers, contender processes and temporary files are
-            gone when it propagates.
+        BenchInterrupted: Ctrl-C (a ``KeyboardInterrupt``), or a ``SystemExit`` raised while it
+            ran (the command's SIGTERM handler); the servers, contender processes and temporary
+            files are gone when it propagates, and the outputs hold the finished runs.
     """
     started = time.perf_counter()
     load_start = environment.load_average()
     stack = contextlib.ExitStack()
+    results: list[dict[str, Any]] = []
+    progress: dict[str, Any] = {"finished": 0, "planned": 0, "complete": False, "interrupted": None}
+    meta: dict[str, Any] | None = None
+    paths: dict[str, Path] = {}
+
+    def write() -> dict[str, Any]:
+        from lance_prefetch_bench import report as reporting
+
+        assert meta is not None
+        progress["finished"] = len(results)
+        report = _assemble(config, meta, results, started)
+        paths.update(reporting.write_outputs(report, Path(config.out_dir), config.name))
+        return report
+
     try:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lance-bench-")))
-        uri, options, storage = _prepare_storage(config, stack, workdir)
-        dataset = _describe_dataset(uri, options, config)
-        report = {
-            "meta": {
+        try:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lance-bench-")))
+            uri, options, storage = _prepare_storage(config, stack, workdir)
+            dataset = _describe_dataset(uri, options, config)
+            meta = {
                 "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                 "machine": environment.machine(),
                 "versions": environment.versions(config.local_s3),
@@ -61,24 +102,57 @@ def run_bench(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Path]]:
                 "storage": storage,
                 "settings": _settings(config, dataset),
                 "load_average_start": load_start,
-            },
-            "contenders": _run_contenders(config, uri, options, dataset, workdir, storage),
-        }
-    finally:
-        with sigint_ignored():
-            stack.close()
-    from lance_prefetch_bench import report as reporting
+                "progress": progress,
+            }
+            _run_contenders(
+                config,
+                uri,
+                options,
+                dataset,
+                workdir,
+                results=results,
+                progress=progress,
+                on_finished=lambda: write(),
+            )
+        finally:
+            with sigint_ignored():
+                stack.close()
+    except (KeyboardInterrupt, SystemExit) as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else _exit_code(exc)
+        progress["interrupted"] = "Ctrl-C" if code == 130 else f"exit status {code}"
+        if meta is not None and results:
+            with sigint_ignored():
+                write()
+        raise BenchInterrupted(len(results), progress["planned"], paths, code) from exc
+    progress["complete"] = True
+    report = write()
+    return report, dict(paths)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def _assemble(
+    config: BenchConfig, meta: dict[str, Any], results: list[dict[str, Any]], started: float
+) -> dict[str, Any]:
+    """The report of the contender runs finished so far (the runs themselves are not changed)."""
     from lance_prefetch_bench import verdicts
 
-    report["meta"]["load_average_end"] = environment.load_average()
-    report["ids_check"] = verdicts.check_ids(report["contenders"])  # every run, every round
-    report["contenders"] = verdicts.merge_rounds(report["contenders"])
+    report: dict[str, Any] = {
+        "meta": {
+            **meta,
+            "progress": dict(meta["progress"]),
+            "load_average_end": environment.load_average(),
+            "total_s": time.perf_counter() - started,
+        },
+        "ids_check": verdicts.check_ids(results),  # every run, every round
+        "contenders": verdicts.merge_rounds(results),
+    }
     if config.targets:  # development targets: only when asked for
         report["targets"] = verdicts.evaluate_targets(report)
     report["comparisons"] = verdicts.comparisons(report["contenders"])
-    report["meta"]["total_s"] = time.perf_counter() - started
-    paths = reporting.write_outputs(report, Path(config.out_dir), config.name)
-    return report, paths
+    return report
 
 
 # -- storage and data ------------------------------------------------------------------------------
@@ -230,10 +304,15 @@ def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]
 
 def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[int, str, dict, ContenderSpec]]:
     """(round, label, settings, spec) of each contender process, in the order they run: every
-    contender in round 0, then ``repeats - 1`` rounds of the ``lance-prefetch`` settings, each
-    round's order rotated by one more."""
+    contender in round 0, then ``repeats - 1`` rounds of every contender but ``ceiling`` (which
+    repeats itself: ``ceiling_repeats``) and the peers that are not installed, each round's order
+    rotated by one more."""
+    from lance_prefetch_bench._peer_contenders import missing_peer
+
     runs = _round_zero(config, base)
-    repeated = [run for run in runs if run[2].kind == "lance-prefetch"]
+    repeated = [
+        run for run in runs if run[2].kind != "ceiling" and missing_peer(run[2].kind) is None
+    ]
     for index in range(1, config.repeats if repeated else 1):
         shift = index % len(repeated)
         runs.extend(repeated[shift:] + repeated[:shift])
@@ -325,8 +404,13 @@ def _run_contenders(
     options: dict[str, str],
     dataset: Mapping[str, Any],
     workdir: Path,
-    storage: Mapping[str, Any],
-) -> list[dict[str, Any]]:
+    *,
+    results: list[dict[str, Any]],
+    progress: dict[str, Any],
+    on_finished: Callable[[], Any],
+) -> None:
+    """Run every planned contender, appending each run's result to ``results`` and calling
+    ``on_finished`` after each; ``progress["planned"]`` is set to the number of runs."""
     from tqdm import tqdm
 
     from lance_prefetch_bench._launch import run_isolated
@@ -351,7 +435,7 @@ def _run_contenders(
     if config.io_threads:
         env["LANCE_IO_THREADS"] = str(config.io_threads)
     runs = _plan(config, base)
-    results = []
+    progress["planned"] = len(runs)
     with tqdm(
         total=sum(_ticks(spec) for *_, spec in runs),
         unit="batch",
@@ -361,11 +445,11 @@ def _run_contenders(
     ) as bar:
         for index, (round_, label, run_settings, spec) in enumerate(runs):
             bar.set_description(f"{label} ({index + 1}/{len(runs)})")
+            started = time.perf_counter()
             missing = missing_peer(spec.kind)
             if missing is not None:  # a peer that is not installed: a row saying so
-                bar.write(f"{label} skipped: {missing}", file=sys.stderr)
                 bar.update(_ticks(spec))
-                result = {"skipped": missing}
+                result: dict[str, Any] = {"skipped": missing}
             else:
                 result = run_isolated(
                     spec,
@@ -376,7 +460,6 @@ def _run_contenders(
                     timeout_s=config.contender_timeout_s,
                 )
             if "error" in result:
-                bar.write(f"{label} failed: {result['error']}", file=sys.stderr)
                 logger.warning("%s failed: %s\n%s", label, result["error"], result.get("log", ""))
             results.append(
                 {
@@ -388,4 +471,27 @@ def _run_contenders(
                     **result,
                 }
             )
-    return results
+            on_finished()
+            line = finished_line(results[-1], index + 1, len(runs), time.perf_counter() - started)
+            if bar.disable:  # not on a terminal (CI, tee, nohup): one line a run, at once
+                print(line, flush=True)
+            else:
+                bar.write(line, file=sys.stdout)
+
+
+def finished_line(result: Mapping[str, Any], number: int, planned: int, seconds: float) -> str:
+    """The line printed when a contender run finishes, e.g. ``[2/5] sequential: 2,138 rows/s,
+    waited 61.0% (5.1 s)``, or ``... FAILED: why`` / ``... skipped: why``."""
+    head = f"[{number}/{planned}] {result['label']}"
+    if result.get("round"):
+        head += f" (round {result['round'] + 1})"
+    if "skipped" in result:
+        return f"{head}: skipped: {result['skipped']}"
+    if "error" in result:
+        return f"{head}: FAILED: {result['error']} ({seconds:.1f} s)"
+    throughput = result["passes"]["throughput"]
+    text = f"{head}: {throughput['rows_per_s']:,.0f} rows/s"
+    wait = result["passes"].get("step", {}).get("wait_fraction")
+    if wait is not None:
+        text += f", waited {wait:.1%}"
+    return f"{text} ({seconds:.1f} s)"

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "best_labels",
     "best_prefetch",
     "by_name",
     "check_ids",
@@ -16,10 +17,12 @@ __all__ = [
     "failures",
     "is_ok",
     "merge_rounds",
+    "noise_flags",
     "paired_ratio",
     "prefetch_runs",
     "same_rows_verdict",
     "setting_of",
+    "spread",
 ]
 
 PREFETCH = "lance-prefetch"
@@ -31,6 +34,8 @@ EXCLUDED_FROM_IDS = {
     "lancedb-streaming": "its own permutation (uniform), not the plan's batches",
 }
 WAIT_TARGET = 0.05
+#: Identical settings whose rows/s ranges lie further apart than this fraction are flagged.
+NOISE_GAP = 0.05
 
 
 def is_ok(contender: Mapping[str, Any]) -> bool:
@@ -409,6 +414,82 @@ def _performance_targets(report: Mapping[str, Any], remote: bool) -> list[dict[s
                 }
             )
     return targets
+
+
+def spread(contender: Mapping[str, Any]) -> tuple[float, float, int] | None:
+    """(lowest, highest, runs) of the rows/s of the contender's runs that succeeded (one run:
+    its own rows/s twice), or ``None`` when none did."""
+    rates = [r["rows_per_s"] for r in contender.get("rounds", []) if "rows_per_s" in r]
+    if not rates and is_ok(contender):
+        rates = [contender["passes"]["throughput"]["rows_per_s"]]
+    if not rates:
+        return None
+    return min(rates), max(rates), len(rates)
+
+
+def _identity(contender: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a ``lance-prefetch`` row runs: its defaults row and the same values given in the
+    grid (``auto``) are the same setting."""
+    return tuple(
+        str(setting_of(contender, name, default))
+        for name, default in (
+            ("readahead", None),
+            ("max_in_flight", None),
+            ("coalesce", "auto"),
+            ("cache", "none"),
+            ("hedge", "auto"),
+        )
+    )
+
+
+def noise_flags(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with identical settings (``lance-prefetch defaults`` and the same values given as a
+    grid point) whose rows/s ranges (:func:`spread`) lie more than :data:`NOISE_GAP` apart:
+    the machine's noise, larger than the spread their runs showed.
+
+    Returns:
+        list[dict]: per group flagged, ``labels`` (the rows) and ``detail`` (each row's median,
+        range and runs).
+    """
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for contender in contenders:
+        if contender["name"] == PREFETCH and is_ok(contender):
+            groups.setdefault(_identity(contender), []).append(contender)
+    flags = []
+    for rows in groups.values():
+        ranges = [(row, measured) for row in rows if (measured := spread(row)) is not None]
+        if len(ranges) < 2:
+            continue
+        lowest_high = min(high for _, (_, high, _) in ranges)
+        highest_low = max(low for _, (low, _, _) in ranges)
+        if highest_low <= lowest_high * (1 + NOISE_GAP):
+            continue
+        flags.append(
+            {
+                "labels": [row["label"] for row, _ in ranges],
+                "detail": " vs ".join(
+                    f"{row['label']} {row['passes']['throughput']['rows_per_s']:,.0f} rows/s "
+                    f"({low:,.0f}-{high:,.0f}, {runs} run{'s' if runs > 1 else ''})"
+                    for row, (low, high, runs) in ranges
+                ),
+            }
+        )
+    return flags
+
+
+def best_labels(contenders: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The ``lance-prefetch`` row with the highest rows/s (the median of its runs) of each
+    family (the rows with one ``cache`` value), its defaults row included: no other row of the
+    family reads more."""
+    best: dict[str, Mapping[str, Any]] = {}
+    for contender in contenders:
+        if contender["name"] != PREFETCH or not is_ok(contender):
+            continue
+        family = str(setting_of(contender, "cache", "none"))
+        rate = contender["passes"]["throughput"]["rows_per_s"]
+        if family not in best or rate > best[family]["passes"]["throughput"]["rows_per_s"]:
+            best[family] = contender
+    return [contender["label"] for contender in best.values()]
 
 
 def comparisons(contenders: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
