@@ -425,21 +425,7 @@ def write_grid_plot(report: Mapping[str, Any], path: Path) -> bool:
     step_ms = report["meta"]["settings"]["step_ms"]
     right.set_ylabel(f"% of wall time waiting for data ({step_ms:g} ms step)")
     right.set_ylim(bottom=0)
-    meta = report["meta"]
-    storage, settings = meta["storage"], meta["settings"]
-    latency = storage.get("latency")
-    added = (
-        f", +{latency['delay_ms']:g} +/- {latency['jitter_ms']:g} ms, "
-        f"{latency['tail_fraction']:.0%} +{latency['tail_ms']:g} ms"
-        if latency
-        else ""
-    )
-    figure.suptitle(
-        f"lance-prefetch bench, {storage['kind']}{added}: {meta['dataset']['rows']:,} rows, "
-        f"batch {settings['batch_size']}, {settings['batches']} batches a pass, "
-        f"{meta['machine']['cores']} cores",
-        fontsize=10,
-    )
+    figure.suptitle(_title(report), fontsize=10)
     handles, labels = left.get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
     figure.savefig(path, dpi=110)
@@ -503,21 +489,7 @@ def bar_chart(report: Mapping[str, Any]) -> Any:
         )
         labels.append("not uniform (own panel and scale)")
     figure.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
-    meta = report["meta"]
-    storage, settings = meta["storage"], meta["settings"]
-    latency = storage.get("latency")
-    added = (
-        f", +{latency['delay_ms']:g} +/- {latency['jitter_ms']:g} ms, "
-        f"{latency['tail_fraction']:.0%} +{latency['tail_ms']:g} ms"
-        if latency
-        else ""
-    )
-    figure.suptitle(
-        f"lance-prefetch bench, {storage['kind']}{added}: {meta['dataset']['rows']:,} rows, "
-        f"batch {settings['batch_size']}, {settings['batches']} batches a pass, "
-        f"{meta['machine']['cores']} cores",
-        fontsize=10,
-    )
+    figure.suptitle(_title(report), fontsize=10)
     return figure
 
 
@@ -615,3 +587,22 @@ def _replace(path: Path, write: Callable[[Path], Any], *, optional: bool = False
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _title(report: dict) -> str:
+    """A plot's title: the storage (with the emulated latency), rows, batch size, batches a pass
+    and cores of the run."""
+    meta = report["meta"]
+    storage, settings = meta["storage"], meta["settings"]
+    latency = storage.get("latency")
+    added = (
+        f", +{latency['delay_ms']:g} +/- {latency['jitter_ms']:g} ms, "
+        f"{latency['tail_fraction']:.0%} +{latency['tail_ms']:g} ms"
+        if latency
+        else ""
+    )
+    return (
+        f"lance-prefetch bench, {storage['kind']}{added}: {meta['dataset']['rows']:,} rows, "
+        f"batch {settings['batch_size']}, {settings['batches']} batches a pass, "
+        f"{meta['machine']['cores']} cores"
+    )
