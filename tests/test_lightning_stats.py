@@ -133,4 +133,4 @@ def test_an_unknown_metric_is_named_with_the_known_keys(ids_1003, tmp_path):
     loader = PrefetchLoader(ids_1003, 100, columns=["vector"])
     with pytest.raises(ValueError, match=r"^metrics should be LoaderStats keys \(epoch, "):
         fit(tmp_path, loader, [LoaderStatsLogger(metrics=["rows", "waits"])], epochs=1)
-    assert loader.stats().batches == 1  # refused at the first batch's end
+    assert loader.stats().epoch is None  # refused as training starts, before any batch

@@ -149,7 +149,7 @@ class LoaderStatsLogger(Callback):
 
     Raises:
         TypeError, ValueError: a wrong ``logging_interval``, ``metrics`` or ``prefix``; a name in
-            ``metrics`` that is no ``LoaderStats`` key (when the first figures are logged).
+            ``metrics`` that is no ``LoaderStats`` key (as training starts, before the first step).
     """
 
     def __init__(
@@ -181,6 +181,20 @@ class LoaderStatsLogger(Callback):
         self.metrics = tuple(metrics)
         self.prefix = prefix
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # a metric that is no key of the loaders' stats is refused before the first step
+        for loader in _loaders(trainer.train_dataloader):
+            if callable(getattr(loader, "stats", None)):
+                self._check(loader.stats().to_dict())
+
+    def _check(self, plain: dict[str, Any]) -> None:
+        unknown = [m for m in self.metrics if m not in plain]
+        if unknown:
+            raise ValueError(
+                f"metrics should be LoaderStats keys ({', '.join(plain)}), but got "
+                f"{', '.join(map(repr, unknown))}"
+            )
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -209,12 +223,7 @@ class LoaderStatsLogger(Callback):
             if stats is None or stats.epoch is None:
                 continue
             plain = stats.to_dict()
-            unknown = [m for m in self.metrics if m not in plain]
-            if unknown:
-                raise ValueError(
-                    f"metrics should be LoaderStats keys ({', '.join(plain)}), but got "
-                    f"{', '.join(map(repr, unknown))}"
-                )
+            self._check(plain)
             where = self.prefix if len(loaders) == 1 else f"{self.prefix}/{i}"
             for metric in self.metrics:
                 value = plain[metric]
