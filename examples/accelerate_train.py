@@ -84,12 +84,13 @@ def train(args: argparse.Namespace) -> None:
             if record:
                 ids = batch["id"].tolist()
                 record.write(json.dumps({"epoch": epoch, "ids": ids}) + "\n")
-        total_loss = accelerator.reduce(total_loss, reduction="sum")
-        if accelerator.is_main_process:
+        if (
+            accelerator.is_main_process
+        ):  # its own batches: see docs/distributed.md, "Leaving cleanly"
             print(
                 f"epoch {epoch}: {steps} steps per process, len {len(data)} "
                 f"({type(data).__name__}), "
-                f"mean loss {total_loss.item() / (steps * accelerator.num_processes):.3f}"
+                f"main process mean loss {total_loss.item() / max(steps, 1):.3f}"
             )
     if record:
         record.close()
