@@ -256,21 +256,22 @@ def measure(
 ) -> Throughput:
     """Rows/s of a :class:`~lance_prefetch.PrefetchLoader` with its defaults (shuffled, readahead
     and in-flight reads ``"auto"``, no cache; ``drop_last=False`` so that a small dataset counts
-    every row) over ``columns``, epoch after epoch, for about ``seconds`` of wall time."""
+    every row) over ``columns``, epoch after epoch, for about ``seconds`` of wall time and at
+    least one batch."""
     from lance_prefetch.loader._loader import PrefetchLoader
 
     loader = PrefetchLoader(dataset, batch_size, columns=list(columns), drop_last=False)
     rows, epoch, start = 0, 0, time.perf_counter()
     try:
-        while time.perf_counter() - start < seconds:
+        while True:  # at least one batch, however short ``seconds``
             loader.set_epoch(epoch)
             delivered = rows
             for batch in loader:
                 rows += len(next(iter(batch.values())))
                 if time.perf_counter() - start >= seconds:
                     break
-            if rows == delivered:  # nothing to deliver: do not spin
-                break
+            if rows == delivered or time.perf_counter() - start >= seconds:
+                break  # time is up, or nothing to deliver: do not spin
             epoch += 1
         elapsed = time.perf_counter() - start
     finally:

@@ -207,3 +207,13 @@ def test_the_command_exits_2_with_one_line_for_a_missing_dataset(tmp_path):
         f"Lance dataset is a directory with a _versions/ folder) and, for object stores, "
         f"storage_options"
     ]
+
+
+def test_a_run_shorter_than_a_batch_still_reads_one_batch(dataset_uri, capsys):
+    """``--seconds`` far below one batch's time: one batch of 32 rows is read and timed, never
+    ``0 rows/s``."""
+    status = cli.main(["info", dataset_uri, "--json", "--seconds", "1e-9", "--batch-size", "32"])
+    out, err = capsys.readouterr()
+    assert (status, err) == (0, "")
+    run = json.loads(out)["throughput"]
+    assert run["rows"] == 32 and run["rows_per_s"] > 0
