@@ -58,6 +58,7 @@ def test_rates_over_the_window_and_in_total_on_a_fake_clock():
     assert (stats.readahead, stats.max_in_flight, stats.cache_hit_ratio) == (8, 4, None)
     assert (stats.hedges, stats.hedges_won) == (3, 1)
     assert "hedges 3 (1 won)" in str(stats)
+    assert "take p50/p95/p99 40.0/40.0/40.0 ms" in str(stats)
     assert stats.take_ms_p50 == pytest.approx(40.0) and stats.take_ms_p99 == pytest.approx(40.0)
 
     # 5 quiet seconds: the window holds 5 batches, the total rate drops to 2000 / 25
@@ -374,3 +375,11 @@ def test_snapshots_from_another_thread_are_consistent(ids_1003):
         poller.join()
     assert len(snapshots) > 100
     assert [(s.batches, s.rows) for s in snapshots if s.rows != 16 * s.batches] == []
+
+
+def test_a_snapshot_before_any_take_or_iteration_says_so_in_words():
+    """``str()`` of the stats before a take returned names that, not ``nan``; before any
+    iteration it says there is none."""
+    assert str(LoaderStats()) == "no iteration in this process yet"
+    waiting = str(LoaderStats(epoch=0))
+    assert "no take returned yet" in waiting and "nan" not in waiting

@@ -122,7 +122,15 @@ class LoaderStats:
         return {field.name: _plain(getattr(self, field.name)) for field in fields(self)}
 
     def __str__(self) -> str:
+        if self.epoch is None:
+            return "no iteration in this process yet"
         where = "" if self.worker_id is None else f" worker {self.worker_id}"
+        takes = (
+            "no take returned yet"
+            if math.isnan(self.take_ms_p50)
+            else f"take p50/p95/p99 {self.take_ms_p50:.1f}/{self.take_ms_p95:.1f}/"
+            f"{self.take_ms_p99:.1f} ms"
+        )
         hedges = f", hedges {self.hedges} ({self.hedges_won} won)" if self.hedges else ""
         cache = "" if self.cache_hit_ratio is None else f", cache hits {self.cache_hit_ratio:.1%}"
         depths = (
@@ -134,8 +142,7 @@ class LoaderStats:
             f"epoch {self.epoch}{where}: {self.batches} batches, {self.rows_per_s:,.0f} rows/s "
             f"({self.rows_per_s_total:,.0f} total), {self.mib_per_s:.1f} MiB/s, waited "
             f"{self.wait_fraction:.1%} ({self.wait_fraction_total:.1%} total), queue "
-            f"{self.queue_depth}, in flight {self.in_flight}, take p50/p95/p99 "
-            f"{self.take_ms_p50:.1f}/{self.take_ms_p95:.1f}/{self.take_ms_p99:.1f} ms, retries "
+            f"{self.queue_depth}, in flight {self.in_flight}, {takes}, retries "
             f"{self.retries}{hedges}{cache}{depths}"
         )
 
