@@ -77,7 +77,7 @@ def test_top_level_exports():
         "collate",
         "state_from_dataloader",
     ]
-    assert lance_prefetch.__version__ == "0.1.0"
+    assert lance_prefetch.__version__ == "0.2.0.dev0"  # pyproject.toml's version
     assert issubclass(lance_prefetch.BatchLoadError, RuntimeError)
     assert issubclass(lance_prefetch.CoverageError, RuntimeError)
 
