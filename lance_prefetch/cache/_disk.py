@@ -49,6 +49,7 @@ import pyarrow as pa
 from filelock import FileLock
 
 from lance_prefetch._validate import check_folder
+from lance_prefetch.cache._columns import ColumnFiles, ColumnWriter, HeldNull, raw_columns
 from lance_prefetch.cache._files import (
     CopyReadError,
     check_copy,
@@ -59,12 +60,24 @@ from lance_prefetch.cache._files import (
     write_record,
 )
 from lance_prefetch.cache._filling import BackgroundFill, FillingCache, FillStopped
+from lance_prefetch.cache._gathered import Gathered
 from lance_prefetch.cache._memory import MemoryCache
-from lance_prefetch.convert._arrow import fixed_row_bytes
+from lance_prefetch.convert._arrow import fixed_row_bytes, to_tensors
 from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch.sources._options import SourceOptions
 
-__all__ = ["DiskCache", "MemoryCache", "default_cache_bytes", "default_cache_dir", "with_cache"]
+__all__ = [
+    "DiskCache",
+    "LocalCopy",
+    "MemoryCache",
+    "ROWS",
+    "default_cache_bytes",
+    "default_cache_dir",
+    "with_cache",
+]
+
+#: The Lance part of a copy (the columns not stored raw), a folder in the copy.
+ROWS = "rows.lance"
 
 
 def default_cache_bytes() -> int:
@@ -116,7 +129,7 @@ class DiskCache(FillingCache):
     def _reset(self) -> None:
         """No copy opened in this process yet, and a fill not started (also in a copy)."""
         self._lock = threading.Lock()
-        self._local: LanceSource | None = None
+        self._local: LocalCopy | None = None
         self._filling = BackgroundFill(self._open_copy, f"cache='disk' of {self._source.uri!r}")
 
     def prepare(self) -> None:
@@ -134,8 +147,8 @@ class DiskCache(FillingCache):
         if self._local is None:
             self._filling.start()
 
-    def fill(self) -> LanceSource:
-        """The local copy, made on the first call if no process made it yet, or made again if
+    def fill(self) -> LocalCopy:
+        """The local copy (opened in this process), made on the first call if no process made it yet, or made again if
         the one there is damaged (thread- and process-safe: one process copies, the others wait
         for it and reuse it).
 
@@ -161,21 +174,20 @@ class DiskCache(FillingCache):
                     self._copy(stopping)
                 self._local = self._open_local()
 
-    def _open_local(self) -> LanceSource:
+    def _open_local(self) -> LocalCopy:
         """The copy at :attr:`path`, found whole, opened (under ``_lock``).
 
         Raises:
             ValueError: it does not hold ``num_rows`` rows (delete it).
         """
-        options = SourceOptions(io="auto", columns=self._source.columns)  # a local copy
-        local = LanceSource(os.fspath(self.path), options)
-        if local.num_rows != self._source.num_rows:
+        try:
+            return LocalCopy(self.path, self._source)
+        except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(
-                f"the disk cache {str(self.path)!r} holds {local.num_rows} rows, but "
-                f"{self._source.uri!r} version {self._source.version} has "
-                f"{self._source.num_rows}; delete the copy to rebuild it"
-            )
-        return local
+                f"the disk cache {str(self.path)!r} does not hold the rows of "
+                f"{self._source.uri!r} version {self._source.version} "
+                f"({self._source.num_rows} rows): {exc}; delete the copy to rebuild it"
+            ) from exc
 
     def _copy(self, stopping: threading.Event | None) -> None:
         """Under the copy's lock: remove what killed fills left, keep a copy another process
@@ -228,12 +240,14 @@ class DiskCache(FillingCache):
                     raise
                 raise self._unwritable(exc) from exc
             target = Path(partial, "copy.lance")
-            try:
-                self._source.copy_to(os.fspath(target), stopping=stopping)
-            except Exception:
-                if stopping is not None and stopping.is_set():
-                    raise FillStopped from None  # stopped (what Lance made of it aside)
-                raise
+            raw = raw_columns(self._source.schema)
+            while True:
+                try:
+                    self._write(target, raw, stopping)
+                    break
+                except HeldNull as exc:  # that column in the Lance part: start over
+                    raw.remove(exc.column)
+                    shutil.rmtree(target)
             write_record(target, self._about())
             os.rename(target, self.path)  # atomic: readers see all of it or nothing
         except OSError as exc:
@@ -245,6 +259,31 @@ class DiskCache(FillingCache):
         finally:
             if partial is not None:
                 shutil.rmtree(partial, ignore_errors=True)
+
+    def _write(self, target: Path, raw: list[str], stopping: threading.Event | None) -> None:
+        """One scan of the dataset into the copy at ``target``: the columns ``raw`` as raw
+        files, the others as a Lance dataset.
+
+        Raises:
+            HeldNull: a column of ``raw`` holds a null (the caller starts over without it).
+            FillStopped: ``stopping`` was set.
+            OSError, Exception: as :meth:`fill`.
+        """
+        target.mkdir()
+        writer = ColumnWriter(target, self._source.schema, raw)
+        rest = [name for name in self._source.columns if name not in raw]
+        try:
+            self._source.copy_to(
+                os.fspath(target / ROWS), stopping=stopping, columns=rest, each=writer.append
+            )
+        except BaseException as exc:
+            writer.close()
+            if stopping is not None and stopping.is_set():
+                raise FillStopped from None  # stopped (what was made of it is removed)
+            if writer.error is not None and writer.error is not exc:
+                raise writer.error from exc  # raised inside Lance's write, as Lance's error
+            raise
+        writer.close()
 
     def _about(self) -> dict[str, Any]:
         """What the copy holds, as its record says it."""
@@ -293,12 +332,35 @@ class DiskCache(FillingCache):
         try:
             return local.take(indices)
         except Exception as exc:
-            raise CopyReadError(
-                f"the disk cache {str(self.path)!r} (the copy of {self._source.uri!r} version "
-                f"{self._source.version}) could not be read: {type(exc).__name__}: {exc}; it may "
-                f"be damaged: delete it (the next run fills it again), or use cache='memory' "
-                f"or cache=None"
-            ) from exc
+            raise self._unreadable(exc) from exc
+
+    def gather(self, indices: np.ndarray) -> Gathered | None:
+        """The rows at ``indices`` already converted (as
+        :func:`~lance_prefetch.convert.to_tensors` would convert :meth:`take`'s table): the raw
+        columns gathered from their mapped files straight into tensors, the others taken from the
+        copy's Lance part and converted; ``None`` until the copy is open (read by :meth:`take`
+        from the dataset then), or if a column of the Lance part does not convert (a null where
+        a tensor needs none: read by :meth:`take`, so that the batch's own conversion names it).
+
+        Raises:
+            IndexError, CopyReadError: as :meth:`take`.
+        """
+        local = self._local
+        if local is None:
+            return None
+        self._source.check_offsets(indices)
+        try:
+            return local.gather(indices)
+        except Exception as exc:
+            raise self._unreadable(exc) from exc
+
+    def _unreadable(self, exc: Exception) -> CopyReadError:
+        return CopyReadError(
+            f"the disk cache {str(self.path)!r} (the copy of {self._source.uri!r} version "
+            f"{self._source.version}) could not be read: {type(exc).__name__}: {exc}; it may "
+            f"be damaged: delete it (the next run fills it again), or use cache='memory' "
+            f"or cache=None"
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_source": self._source, "cache_dir": self.cache_dir, "path": self.path}
@@ -306,6 +368,50 @@ class DiskCache(FillingCache):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
+
+
+class LocalCopy:
+    """A finished copy opened in this process: its raw columns mapped
+    (:class:`~lance_prefetch.cache._columns.ColumnFiles`), its Lance part (the other columns, if
+    any) opened as a :class:`~lance_prefetch.sources._lance.LanceSource`.
+
+    Raises:
+        ValueError, KeyError, TypeError: the copy does not fit ``source`` (rows, columns, types).
+        OSError: a file cannot be opened.
+    """
+
+    def __init__(self, path: Path, source: LanceSource) -> None:
+        self.schema = source.schema
+        self.num_rows = source.num_rows
+        self.files = ColumnFiles(path, source.schema, source.num_rows)
+        rest = [name for name in source.columns if name not in self.files.names]
+        self.rows: LanceSource | None = None
+        if rest:
+            options = SourceOptions(io="auto", columns=rest)  # a local copy
+            self.rows = LanceSource(os.fspath(path / ROWS), options)
+            if self.rows.num_rows != source.num_rows:
+                raise ValueError(f"its Lance part holds {self.rows.num_rows} rows")
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        """The rows at ``indices``, as the dataset's ``take`` returns them."""
+        arrays = self.files.arrays(indices)
+        if self.rows is not None:
+            table = self.rows.take(indices)
+            arrays.update(zip(table.column_names, table.columns, strict=True))
+        return pa.Table.from_arrays(
+            [arrays[name] for name in self.schema.names], schema=self.schema
+        )
+
+    def gather(self, indices: np.ndarray) -> Gathered | None:
+        """The rows at ``indices`` as tensors (see :meth:`DiskCache.gather`)."""
+        values: dict[str, Any] = self.files.tensors(indices)
+        if self.rows is not None:
+            try:
+                values.update(to_tensors(self.rows.take(indices)))
+            except Exception:  # e.g. a null where a tensor needs none: taken as a table, so
+                return None  # that the failing batch's own conversion names that batch
+            values = {name: values[name] for name in self.schema.names}
+        return Gathered(values, len(indices))
 
 
 def with_cache(
