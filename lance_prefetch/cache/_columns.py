@@ -150,10 +150,17 @@ class ColumnWriter:
     def close(self) -> None:
         """Close the files; with no error, write the layout (raises ``OSError`` as
         :meth:`append`)."""
-        for file in self._files:
-            file.close()
+        files, self._files = self._files, []
+        failure = None
+        for file in files:  # each closed, also when another's buffered bytes do not fit
+            try:
+                file.close()
+            except OSError as exc:
+                failure = failure or exc
         if self.error is not None:
             return
+        if failure is not None:
+            raise failure
         layout = [
             {
                 "name": name,

@@ -406,8 +406,9 @@ class LocalCopy:
         """The rows at ``indices`` as tensors (see :meth:`DiskCache.gather`)."""
         values: dict[str, Any] = self.files.tensors(indices)
         if self.rows is not None:
+            table = self.rows.take(indices)
             try:
-                values.update(to_tensors(self.rows.take(indices)))
+                values.update(to_tensors(table))
             except Exception:  # e.g. a null where a tensor needs none: taken as a table, so
                 return None  # that the failing batch's own conversion names that batch
             values = {name: values[name] for name in self.schema.names}
