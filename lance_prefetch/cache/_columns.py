@@ -226,6 +226,11 @@ class ColumnFiles:
         values = np.frombuffer(mapping, dtype=shape.dtype)
         return values.reshape((num_rows, *shape.shape))
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the mapped files together."""
+        return sum(size for _, size, _ in self._sizes)
+
     def check(self) -> None:
         """Refuse to read a file that changed size since it was mapped (a read past its end
         would end the process with ``SIGBUS``): one ``fstat`` a file.

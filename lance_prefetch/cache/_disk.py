@@ -334,6 +334,20 @@ class DiskCache(FillingCache):
         except Exception as exc:
             raise self._unreadable(exc) from exc
 
+    @property
+    def ready(self) -> bool:
+        """Whether a batch is a gather from memory already, as for a filled memory cache: the
+        copy is open in this process, every column is stored raw, and the raw files together fit
+        in half of this machine's memory (:func:`default_cache_bytes`), so the page cache holds
+        them once read. An iteration without a ``transform`` then gathers in the training thread
+        and reads nothing ahead (:class:`~lance_prefetch.schedule._direct.DirectPrefetcher`); a
+        larger copy, or one with columns in its Lance part, is read by the readahead threads, so
+        that the disk sees several reads at once."""
+        local = self._local
+        return (
+            local is not None and local.rows is None and local.files.nbytes <= default_cache_bytes()
+        )
+
     def gather(self, indices: np.ndarray) -> Gathered | None:
         """The rows at ``indices`` already converted (as
         :func:`~lance_prefetch.convert.to_tensors` would convert :meth:`take`'s table): the raw
