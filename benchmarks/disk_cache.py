@@ -9,7 +9,8 @@ of the loader's own plan (``EpochPlan``) gathered with numpy fancy indexing from
 process's memory, in one thread. The ratio (loader / reference, medians of the rounds) is the
 figure ``docs/benchmarks.md`` reports.
 
-``--mode cold`` (the page cache emptied of the copy's files before each round with
+``--mode cold`` (the page cache emptied of the copy's files before each round: the loader's
+mappings with ``madvise(MADV_DONTNEED)``, then each file with
 ``posix_fadvise(POSIX_FADV_DONTNEED)``): rounds alternate between the loader and the reference
 ``pread``: the same batches' rows read from the copy's raw files with ``os.pread`` (one call a
 row and a column), from 2 threads taking batches in turn. Run it on a dataset far larger than
@@ -22,6 +23,7 @@ the batches read, so that few rows are read twice.
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import statistics
 import tempfile
@@ -36,6 +38,11 @@ from lance_prefetch.plan.sampling import EpochPlan
 from lance_prefetch_bench.data import write_synthetic
 
 COLUMNS = ["vector", "label"]
+
+
+def identity(batch: dict) -> dict:
+    """A transform that changes nothing (its presence makes the loader read ahead in threads)."""
+    return batch
 
 
 def loader_round(loader: PrefetchLoader, epoch: int, batches: int) -> float:
@@ -74,6 +81,8 @@ def pread_round(files: list[tuple[str, int]], chosen: list[np.ndarray], threads:
     """Rows/s of ``os.pread`` of ``chosen``'s rows from ``files`` (path, bytes a row), one
     call a row and a file, ``threads`` threads taking batches in turn."""
     descriptors = [(os.open(path, os.O_RDONLY), width) for path, width in files]
+    for descriptor, _ in descriptors:  # no readahead around each row: the loader's advice too
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_RANDOM)
 
     def read(indices: np.ndarray) -> int:
         for row in indices.tolist():
@@ -92,8 +101,11 @@ def pread_round(files: list[tuple[str, int]], chosen: list[np.ndarray], threads:
             os.close(descriptor)
 
 
-def drop_from_page_cache(copy: Path) -> None:
-    """Ask the kernel to drop the copy's files from the page cache."""
+def drop_from_page_cache(copy: Path, mappings: list[mmap.mmap]) -> None:
+    """Ask the kernel to drop the copy's files from the page cache: this process's mappings of
+    them first (a page mapped into a process is not dropped), then each file."""
+    for mapping in mappings:
+        mapping.madvise(mmap.MADV_DONTNEED)
     for path in copy.rglob("*"):
         if path.is_file():
             descriptor = os.open(path, os.O_RDONLY)
@@ -113,6 +125,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="pread threads (cold mode)")
     parser.add_argument("--dir", help="where the dataset and the copy go (default: a temp dir)")
+    parser.add_argument(
+        "--as-larger-than-memory",
+        action="store_true",
+        help="read the copy as one larger than half the memory is read: through the readahead "
+        "threads (here by an identity transform), its mappings advised MADV_RANDOM",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         started = time.perf_counter()
@@ -120,10 +138,18 @@ def main() -> None:
         print(f"dataset: {args.rows:,} rows written in {time.perf_counter() - started:.1f} s")
         for batch_size in args.batch_size:
             cache = DiskCache(dir=f"{folder}/cache")
-            loader = PrefetchLoader(uri, batch_size=batch_size, columns=COLUMNS, cache=cache)
+            loader = PrefetchLoader(
+                uri,
+                batch_size=batch_size,
+                columns=COLUMNS,
+                cache=cache,
+                transform=identity if args.as_larger_than_memory else None,
+            )
             started = time.perf_counter()
             copy = loader._source.fill()  # the copy, made (or found) here (private: a benchmark)
             fill_s = time.perf_counter() - started
+            if args.as_larger_than_memory:
+                copy.files.read_randomly()
             path = loader._source.path
             arrays = {name: copy.files._arrays[name] for name in COLUMNS}  # the mapped arrays
             in_memory = {name: np.array(values) for name, values in arrays.items()}
@@ -135,7 +161,7 @@ def main() -> None:
                 order = ["loader", "reference"] if round_ % 2 == 0 else ["reference", "loader"]
                 for which in order:
                     if args.mode == "cold":
-                        drop_from_page_cache(path)
+                        drop_from_page_cache(path, copy.files._mappings)
                     if which == "loader":
                         rate = loader_round(loader, epoch, batches)
                     elif args.mode == "warm":

@@ -109,7 +109,7 @@ def _values(array: pa.Array, column: str) -> np.ndarray:
 
 def _write(file: BinaryIO, values: np.ndarray) -> None:
     """Append ``values``' bytes to ``file`` (the one place raw bytes are written)."""
-    file.write(memoryview(values).cast("B"))
+    file.write(values.data.cast("B"))
 
 
 class ColumnWriter:
@@ -201,6 +201,7 @@ class ColumnFiles:
         self._shapes: dict[str, _Shape] = {}
         self._arrays: dict[str, np.ndarray] = {}
         self._sizes: list[tuple[int, int, str]] = []  # (descriptor, bytes, file) of each file
+        self._mappings: list[mmap.mmap] = []
         for entry in layout["columns"]:
             name = entry["name"]
             shape = _shape(schema.field(name).type)
@@ -223,6 +224,7 @@ class ColumnFiles:
             os.close(descriptor)
             raise
         self._sizes.append((descriptor, size, file))
+        self._mappings.append(mapping)
         values = np.frombuffer(mapping, dtype=shape.dtype)
         return values.reshape((num_rows, *shape.shape))
 
@@ -230,6 +232,16 @@ class ColumnFiles:
     def nbytes(self) -> int:
         """Bytes of the mapped files together."""
         return sum(size for _, size, _ in self._sizes)
+
+    def read_randomly(self) -> None:
+        """Tell the kernel that rows are read in random order (``MADV_RANDOM``, where the OS
+        has it): a page fault then reads its page only, not the pages around it, which suits
+        files larger than the page cache (for smaller ones the default read-around fills the
+        page cache sooner)."""
+        advice = getattr(mmap, "MADV_RANDOM", None)
+        if advice is not None:
+            for mapping in self._mappings:
+                mapping.madvise(advice)
 
     def check(self) -> None:
         """Refuse to read a file that changed size since it was mapped (a read past its end

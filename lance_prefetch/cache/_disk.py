@@ -398,6 +398,8 @@ class LocalCopy:
         self.schema = source.schema
         self.num_rows = source.num_rows
         self.files = ColumnFiles(path, source.schema, source.num_rows)
+        if self.files.nbytes > default_cache_bytes():  # more than the page cache will hold
+            self.files.read_randomly()
         rest = [name for name in source.columns if name not in self.files.names]
         self.rows: LanceSource | None = None
         if rest:
