@@ -11,18 +11,26 @@ exactness and resuming do not change.
 - :class:`~lance_prefetch.cache._memory.MemoryCache` (``cache="memory"``) keeps the rows in this
   process; its fill runs in the background while the first epoch is read by takes, and a filled
   cache gathers batches straight into tensors (see :mod:`~lance_prefetch.cache._memory`).
-- :class:`DiskCache` (``cache="disk"``) copies the rows once to a local Lance dataset under
-  ``cache_dir``, named by the URI, version, commit time and columns, and takes from it. It is
-  reused across runs and shared by processes (the page cache holds it once for every worker);
-  concurrent fills are serialised by a file lock and published by an atomic rename, so a reader
-  never sees a partial copy. A copy carries the record of its files
-  (:mod:`~lance_prefetch.cache._files`), checked at each open: a damaged one is filled again. A
-  disk that fills during the fill is an ``OSError`` naming ``cache_dir`` and the fixes, and
-  nothing of the copy is kept.
+- :class:`DiskCache` (``cache="disk"``) copies the rows once to a local folder under
+  ``cache_dir``, named by the URI, version, commit time and columns: each fixed-width column
+  (numbers, bools, fixed-size lists, tensors; no nulls) as a raw file of its values
+  (:mod:`~lance_prefetch.cache._columns`), every other column in a Lance dataset inside the
+  copy (``rows.lance``). Each process maps the raw files (``mmap``, read-only), so a batch of
+  them is a ``numpy.take`` from memory the page cache holds once for every process and worker,
+  gathered straight into tensors (:meth:`DiskCache.gather`); the Lance part is read by
+  ``take``. A copy that is all raw files and fits in half the memory is read in the training
+  thread, as a filled memory cache is (:attr:`DiskCache.ready`). The copy is reused across runs
+  and shared by processes; concurrent fills are serialised by a file lock and published by an
+  atomic rename, so a reader never sees a partial copy. A copy carries the record of its files
+  (:mod:`~lance_prefetch.cache._files`), checked at each open: a damaged one, or one in the
+  layout of an older version (a Lance dataset of every column), is filled again. A disk that
+  fills during the fill is an ``OSError`` naming ``cache_dir`` and the fixes, and nothing of the
+  copy is kept.
 
 Every column type the loader reads is cached: a blob column's bytes are read by the scan
 (Lance's ``blob_handling="all_binary"``) and held as ``large_binary`` in memory, or stored as a
-blob again in the disk copy; a nested path (``"image.bytes"``) is copied under its struct.
+blob again in the disk copy's Lance part; a nested path (``"image.bytes"``) is copied under its
+struct there (or as a raw file, when it is fixed-width).
 
 ``iter(loader)`` calls ``prepare()`` in each process before the first read (so a fill is never
 a timed, retried ``take``): the disk copy is made (or found) there, and every batch from epoch 0
@@ -99,22 +107,34 @@ def default_cache_dir() -> Path:
 
 
 class DiskCache(FillingCache):
-    """A :class:`~lance_prefetch.sources._lance.LanceSource`'s rows copied to a local Lance dataset.
+    """A :class:`~lance_prefetch.sources._lance.LanceSource`'s rows copied to a local folder:
+    fixed-width columns as raw, memory-mapped files, the others as a Lance dataset.
 
     Args:
         source (LanceSource): the pinned, projected dataset.
         cache_dir (str | os.PathLike): where copies live; created if missing.
 
-    The copy is ``cache_dir / <name>-v<version>-<key>.lance``, ``key`` a hash of the URI, version,
-    commit time and columns: another version or projection gets another copy; an existing one is
-    reused (across runs and processes) once :func:`~lance_prefetch.cache._files.check_copy` finds
-    it whole (a ``stat`` a file; a damaged copy is filled again, with a ``RuntimeWarning`` naming
-    the damage). Copies are never deleted by the loader; remove the directory to reclaim the
-    space. ``<copy>.lock`` beside each copy is only the target of the fill's OS file lock
-    (:class:`filelock.FileLock`: ``flock`` on POSIX), held by no one once fills end, also when
-    their process was killed.
+    The copy is the folder ``cache_dir / <name>-v<version>-<key>.lance``, ``key`` a hash of the
+    URI, version, commit time and columns: another version or projection gets another copy; an
+    existing one is reused (across runs and processes) once
+    :func:`~lance_prefetch.cache._files.check_copy` finds it whole (a ``stat`` a file; a damaged
+    copy, or one an older version laid out otherwise, is filled again, with a ``RuntimeWarning``
+    naming why). It holds ``columns/<i>.raw`` for each column stored raw and ``columns.json``
+    saying their dtypes and shapes (:mod:`~lance_prefetch.cache._columns`), ``rows.lance`` (a
+    Lance dataset of the other columns) if there are any, and the record. A column chosen to be
+    raw that holds a null at any level is found during the fill, which then starts over with
+    that column in the Lance part. Copies are never deleted by the loader; remove the directory
+    to reclaim the space. ``<copy>.lock`` beside each copy is only the target of the fill's OS
+    file lock (:class:`filelock.FileLock`: ``flock`` on POSIX), held by no one once fills end,
+    also when their process was killed.
 
-    Pickles as ``source`` and ``cache_dir``.
+    The raw files are mapped by each process that opens the copy (``mmap``, read-only; advised
+    ``MADV_RANDOM`` when they exceed half the memory). Before each read their sizes are checked
+    (one ``fstat`` a file): a file truncated since it was mapped is a
+    :class:`~lance_prefetch.cache._files.CopyReadError`, not a read past its end (which would end
+    the process with ``SIGBUS``); one truncated during a read can still do that.
+
+    Pickles as ``source`` and ``cache_dir`` (never the mappings: each process maps the files).
     """
 
     def __init__(self, source: LanceSource, cache_dir: str | os.PathLike[str]) -> None:
