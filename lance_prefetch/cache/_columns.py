@@ -293,7 +293,7 @@ class ColumnFiles:
 
     def close(self) -> None:
         """Close the files' descriptors (the mappings end with their last array)."""
-        sizes, self._sizes = self._sizes, []
+        sizes, self._sizes = getattr(self, "_sizes", []), []  # [] if __init__ failed early
         for descriptor, _, _ in sizes:
             os.close(descriptor)
 

@@ -168,9 +168,9 @@ class DiskCache(FillingCache):
             self._filling.start()
 
     def fill(self) -> LocalCopy:
-        """The local copy (opened in this process), made on the first call if no process made it yet, or made again if
-        the one there is damaged (thread- and process-safe: one process copies, the others wait
-        for it and reuse it).
+        """The local copy, opened in this process: made on the first call if no process made it
+        yet, or made again if the one there is damaged or of an older layout (thread- and
+        process-safe: one process copies, the others wait for it and reuse it).
 
         Raises:
             OSError: ``cache_dir`` cannot be written, or its disk is full (``errno`` ``ENOSPC``;
