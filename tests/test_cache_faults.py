@@ -364,24 +364,32 @@ def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_rea
 def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(
     mixed_1003, tmp_path, part
 ):
-    """A file of the copy truncated mid-epoch (of its Lance part, or a mapped raw file, whose
-    size is checked before each read: a read past its end would end the process): the batches
-    read before are exact, then a BatchLoadError (not retried) names the copy and tells to
-    delete it; the next run refills."""
+    """A file of the copy truncated mid-epoch (of its Lance part; or a mapped raw file between
+    two batches, whose size is checked before each read: a read past its end would end the
+    process): the batches read before are exact, then a BatchLoadError (not retried) names the
+    copy and tells to delete it; the next run refills. The raw file's copy is all raw files
+    (``ready``: read in ``next()``, nothing ahead), so no read is in flight when it is
+    truncated; a truncation during a read of a mapped page may end the process (``SIGBUS``)."""
     cache_dir = tmp_path / "cache"
+    columns = ["id", "vector", "label"] if part == "raw file" else None
     loader = PrefetchLoader(
-        mixed_1003, 50, cache=DiskCache(dir=cache_dir), read=ReadOptions(coalesce=1)
+        mixed_1003,
+        50,
+        columns=columns,
+        cache=DiskCache(dir=cache_dir),
+        read=ReadOptions(coalesce=1),
     )
     expected = expected_rank_ids(loader)
     loader._source.fill()  # the copy open before the first read, so every take reads it
+    assert loader._source.ready == (part == "raw file")
     iterator = iter(loader)
-    delivered = ids_and_names([next(iterator)])
+    delivered = batch_ids([next(iterator)])
     copy = loader._source.path
     damaged = raw_file(copy) if part == "raw file" else data_file(copy)
     os.truncate(damaged, 0)
     with pytest.raises(BatchLoadError) as info:
         for batch in iterator:
-            delivered.extend(ids_and_names([batch]))
+            delivered.append(batch["id"].tolist())
     assert delivered == expected[: len(delivered)] and len(delivered) < len(expected)
     message = str(info.value)
     assert message.startswith(
@@ -391,12 +399,13 @@ def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(
         f"OSError: "
     )
     if part == "raw file":
+        assert len(delivered) == 1  # the next read found it
         assert ": OSError: its file columns/0.raw has 0 bytes, not 8,024; it may" in message
     assert message.endswith(
         "; it may be damaged: delete it (the next run fills it again), or use cache='memory' "
         "or cache=None"
     )
-    again = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=cache_dir), seed=1)
+    again = PrefetchLoader(mixed_1003, 50, columns=columns, cache=DiskCache(dir=cache_dir), seed=1)
     relative = damaged.relative_to(copy).as_posix()
     with pytest.warns(RuntimeWarning, match=rf"is damaged: its file {relative} has 0 bytes, not"):
         assert read(again) == expected_rank_ids(again)

@@ -40,7 +40,7 @@ _FOLDER = "columns"
 
 
 class HeldNull(Exception):
-    """A column chosen to be stored raw holds a null: it must stay in the Lance copy."""
+    """A column chosen to be stored raw holds a null: it must stay in the copy's Lance part."""
 
     def __init__(self, column: str) -> None:
         super().__init__(f"column {column!r} holds a null")
