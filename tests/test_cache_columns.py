@@ -17,7 +17,8 @@ import torch
 from support.helpers import batch_ids, collect, expected_rank_ids
 
 from lance_prefetch import DiskCache, PrefetchLoader
-from lance_prefetch.cache._columns import LAYOUT
+from lance_prefetch.cache import _disk
+from lance_prefetch.cache._columns import LAYOUT, ColumnFiles
 from lance_prefetch.cache._disk import ROWS
 from lance_prefetch.convert import to_tensors
 
@@ -176,3 +177,29 @@ def test_the_cache_pickles_without_its_mappings_and_spawn_workers_map_their_own(
     assert sorted(i for batch in ids for i in batch) == list(range(ROWS_IN))
     loader.set_epoch(1)
     assert batch_ids(loader) == expected
+
+
+def test_a_copy_larger_than_half_the_memory_is_read_ahead_in_threads_and_advised_random(
+    typed, tmp_path, monkeypatch
+):
+    """With half the memory (the bound) below the raw files' size, the copy is not ``ready``:
+    the readahead threads read it (exact batches still), and its mappings are advised
+    ``MADV_RANDOM``; under the bound the same copy is ``ready`` and not advised."""
+    advised = []
+    original = ColumnFiles.read_randomly
+
+    def read_randomly(files):
+        advised.append(files.nbytes)
+        original(files)
+
+    monkeypatch.setattr(ColumnFiles, "read_randomly", read_randomly)
+    columns = ["id", "vector"]
+    for bound, ready in ((1 << 40, True), (1000, False)):
+        monkeypatch.setattr(_disk, "default_cache_bytes", lambda bound=bound: bound)
+        loader = PrefetchLoader(
+            typed, 50, columns=columns, seed=6, cache=DiskCache(dir=tmp_path / "c")
+        )
+        loader._source.fill()
+        assert loader._source.ready is ready
+        assert advised == ([] if ready else [ROWS_IN * (8 + 16)])
+        assert batch_ids(loader) == expected_rank_ids(loader)
