@@ -291,7 +291,10 @@ class MemoryCache:
 @dataclass(frozen=True)
 class DiskCache:
     """Copy the dataset's pinned version to a local folder once (shared by processes through a
-    file lock) and read every epoch from the copy (``docs/caching.md``).
+    file lock) and read every epoch from the copy: fixed-width columns (numbers, bools,
+    fixed-size lists, tensors) are raw files each process memory-maps, so a batch of them is a
+    gather from the page cache; other columns are a local Lance dataset read by ``take``
+    (``docs/guide.md``, "Caches").
 
     Args:
         dir (str | os.PathLike, optional): the folder that holds the copies (one per dataset

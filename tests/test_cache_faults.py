@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -20,12 +21,15 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.disks import LANCE_ENOSPC, SmallDisk
+from support.disks import LANCE_ENOSPC, RAW_ENOSPC, SmallDisk
+from support.fakes import ids_table
 from support.helpers import batch_ids, checkout_env, expected_rank_ids
 from support.sources import Tap, tapped
 
 from lance_prefetch import BatchLoadError, DiskCache, PrefetchLoader, ReadOptions
 from lance_prefetch.cache import _files as cache_files
+from lance_prefetch.cache._columns import LAYOUT
+from lance_prefetch.cache._disk import ROWS
 from lance_prefetch.cache._files import RECORD, check_copy
 from lance_prefetch.cache._filling import THREAD_NAME
 
@@ -93,13 +97,14 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
                 each._source.take(np.arange(3))
             assert again.value is info.value and info.value.permanent
         free = shutil.disk_usage(cache_dir).free
-        for error, what in zip(
+        for error, what, raw in zip(
             errors,
             [
                 f"{uri!r} version 1 (columns ['id', 'vector', 'label'], 3,000 rows, 84,000 "
                 f"bytes uncompressed)",
                 f"{text_uri!r} version 1 (columns ['text'], 2,000 rows)",
             ],
+            [True, False],  # the first copy's columns are all raw files, the second's Lance
             strict=True,
         ):
             assert error.errno == errno.ENOSPC
@@ -107,11 +112,15 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
                 f"DiskCache: the disk of dir={str(cache_dir)!r} is full: the copy of "
                 f"{what} did not fit in the {free_bytes(str(error)):,} bytes free there; {FIXES}"
             )
-            if disk.mounted:  # the kernel's own error, through Lance; the space is measured
-                assert "No space left on device (os error 28)" in str(error.__cause__)
+            if disk.mounted:  # the kernel's own error (through Lance); the space is measured
+                cause = str(error.__cause__)
+                if raw:  # a raw file's write
+                    assert cause == "[Errno 28] No space left on device", cause
+                else:
+                    assert "No space left on device (os error 28)" in cause, cause
                 assert free_bytes(str(error)) == free == 16 << 10  # all of it back
             else:
-                assert str(error.__cause__) == LANCE_ENOSPC
+                assert str(error.__cause__) == (RAW_ENOSPC if raw else LANCE_ENOSPC)
         locks = sorted(p.name for p in cache_dir.iterdir())
         assert locks == sorted(p._source.path.stem + ".lock" for p in (loader, narrow))
         for each in (loader, narrow):
@@ -128,29 +137,53 @@ def test_a_disk_full_during_the_fill_is_explained_leaves_nothing_and_the_next_ru
         assert not list(cache_dir.glob(".partial-*"))
 
 
+@pytest.fixture(scope="module")
+def mixed_1003(tmp_path_factory) -> str:
+    """1,003 rows in 4 fragments: ``id``, ``vector`` and ``label`` (stored raw in a disk copy)
+    and ``name`` (a string, ``"row <id>"``: in the copy's Lance part)."""
+    table = ids_table(1003)
+    table = table.append_column("name", pa.array([f"row {i}" for i in range(1003)]))
+    path = tmp_path_factory.mktemp("mixed") / "mixed1003.lance"
+    lance.write_dataset(table, path, max_rows_per_file=300)
+    return str(path)
+
+
+def ids_and_names(batches) -> list[list[int]]:
+    """Each batch's ids, after checking that each row's name is its id's."""
+    for batch in batches:
+        assert batch["name"] == [f"row {i}" for i in batch["id"].tolist()]
+    return batch_ids(batches)
+
+
 def data_file(copy: Path) -> Path:
-    (path,) = (copy / "data").iterdir()
+    """The data file of the copy's Lance part."""
+    (path,) = (copy / ROWS / "data").iterdir()
     return path
 
 
+def raw_file(copy: Path) -> Path:
+    """The raw file of the copy's ``id`` column (its first)."""
+    return copy / "columns" / "0.raw"
+
+
 def silent_flip(copy: Path, scratch: Path) -> int:
-    """A byte offset of the copy's data file that, inverted, makes Lance read other ids without
-    any error (found on a scratch copy)."""
-    shutil.copytree(copy, scratch)
-    path = data_file(scratch)
+    """A byte offset of the copy's Lance data file that, inverted, makes Lance read other names
+    without any error (found on a scratch copy)."""
+    shutil.copytree(copy / ROWS, scratch)
+    (path,) = (scratch / "data").iterdir()
     raw = path.read_bytes()
-    expected = list(range(1003))
+    expected = [f"row {i}" for i in range(1003)]
     for offset in range(64, len(raw) // 2):
         flipped = bytearray(raw)
         flipped[offset] ^= 0xFF
         path.write_bytes(flipped)
         try:
-            ids = lance.dataset(scratch).to_table(columns=["id"])["id"].to_pylist()
+            names = lance.dataset(scratch).to_table(columns=["name"])["name"].to_pylist()
         except Exception:
             continue
-        if len(ids) == 1003 and ids != expected:
+        if len(names) == 1003 and names != expected:
             return offset
-    raise AssertionError("no byte of the data file changes the ids silently")
+    raise AssertionError("no byte of the data file changes the names silently")
 
 
 def flip(path: Path, offset: int, *, keep_mtime: bool = False) -> None:
@@ -166,25 +199,35 @@ def truncate_data(copy: Path) -> str:
     path = data_file(copy)
     size = path.stat().st_size
     os.truncate(path, size // 2)
-    return f"its file data/{path.name} has {size // 2:,} bytes, not {size:,}"
+    return f"its file {ROWS}/data/{path.name} has {size // 2:,} bytes, not {size:,}"
 
 
 def remove_data(copy: Path) -> str:
     path = data_file(copy)
     os.remove(path)
-    return f"its file data/{path.name} is missing"
+    return f"its file {ROWS}/data/{path.name} is missing"
 
 
 def empty_manifest(copy: Path) -> str:
-    (path,) = (copy / "_versions").glob("*.manifest")
+    (path,) = (copy / ROWS / "_versions").glob("*.manifest")
     size = path.stat().st_size
     os.truncate(path, 0)
-    return f"its file _versions/{path.name} has 0 bytes, not {size:,}"
+    return f"its file {ROWS}/_versions/{path.name} has 0 bytes, not {size:,}"
 
 
 def add_file(copy: Path) -> str:
-    (copy / "data" / "extra.lance").write_bytes(b"x")
-    return "its file data/extra.lance was not there when the copy was made"
+    (copy / ROWS / "data" / "extra.lance").write_bytes(b"x")
+    return f"its file {ROWS}/data/extra.lance was not there when the copy was made"
+
+
+def truncate_raw(copy: Path) -> str:
+    os.truncate(raw_file(copy), 8 * 1000)  # 3 ids short
+    return "its file columns/0.raw has 8,000 bytes, not 8,024"
+
+
+def remove_layout(copy: Path) -> str:
+    os.remove(copy / LAYOUT)
+    return f"its file {LAYOUT} is missing"
 
 
 def remove_record(copy: Path) -> str:
@@ -206,50 +249,92 @@ DAMAGES = {
     "data file removed": remove_data,
     "version manifest emptied": empty_manifest,
     "file added": add_file,
+    "raw file truncated": truncate_raw,
+    "layout removed": remove_layout,
     "record removed": remove_record,
     "record garbled": garble_record,
 }
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("damage", [*DAMAGES, "bytes flipped", "bytes flipped, mtime kept"])
-def test_a_damaged_copy_is_found_at_open_and_filled_again(ids_1003, tmp_path, damage):
-    """A copy damaged between runs (a file truncated, removed or added, the record gone or
-    garbled, bytes flipped that Lance reads silently as other ids): the next open finds it,
-    warns naming the damage, sets the copy aside and fills it again; exact rows, one new fill,
-    nothing of the damaged copy left."""
+@pytest.mark.parametrize(
+    "damage",
+    [
+        *DAMAGES,
+        "bytes flipped",
+        "bytes flipped, mtime kept",
+        "raw bytes flipped",
+        "raw bytes flipped, mtime kept",
+    ],
+)
+def test_a_damaged_copy_is_found_at_open_and_filled_again(mixed_1003, tmp_path, damage):
+    """A copy damaged between runs (a file of its Lance part or a raw file truncated, removed or
+    added, the record gone or garbled, bytes flipped that Lance reads silently as other names or
+    that are other ids in a raw file): the next open finds it, warns naming the damage, sets the
+    copy aside and fills it again; exact rows, one new fill, nothing of the damaged copy left."""
     cache_dir = tmp_path / "cache"
-    first = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir))
+    first = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=cache_dir))
     assert read(first) == expected_rank_ids(first)
     copy = first._source.path
+    keep_mtime = damage.endswith("kept")
     if damage.startswith("bytes flipped"):
         offset = silent_flip(copy, tmp_path / "scratch")
-        flip(data_file(copy), offset, keep_mtime=damage.endswith("kept"))
-        wrong = lance.dataset(copy).to_table(columns=["id"])["id"].to_pylist()
-        assert len(wrong) == 1003 and wrong != list(range(1003))  # Lance alone: wrong rows
-        reason = f"its file data/{data_file(copy).name} was changed (its CRC-32 differs)"
+        flip(data_file(copy), offset, keep_mtime=keep_mtime)
+        wrong = lance.dataset(copy / ROWS).to_table(columns=["name"])["name"].to_pylist()
+        assert len(wrong) == 1003 and wrong != [f"row {i}" for i in range(1003)]  # Lance alone
+        reason = f"its file {ROWS}/data/{data_file(copy).name} was changed (its CRC-32 differs)"
+    elif damage.startswith("raw bytes flipped"):
+        flip(raw_file(copy), 8 * 500, keep_mtime=keep_mtime)  # the low byte of id 500
+        assert np.fromfile(raw_file(copy), "<i8")[500] == 500 ^ 0xFF
+        reason = "its file columns/0.raw was changed (its CRC-32 differs)"
     else:
         reason = DAMAGES[damage](copy)
     with tapped() as tap:  # counts fills (copy_to calls)
-        second = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=3)
-    message = f"the copy {str(copy)!r} of {ids_1003!r} version 1 is damaged: {reason}; filling"
+        second = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=cache_dir), seed=3)
+    message = f"the copy {str(copy)!r} of {mixed_1003!r} version 1 is damaged: {reason}; filling"
     with pytest.warns(RuntimeWarning, match=re.escape(message)):
-        ids = read(second)
+        ids = ids_and_names(list(second))
+        second._source.fill()
     assert ids == expected_rank_ids(second)
     assert tap.copies == 1
     assert check_copy(copy, second._source._about()) is None
     assert sorted(p.name for p in cache_dir.iterdir()) == [copy.name, copy.stem + ".lock"]
+    assert ids_and_names(list(second)) == expected_rank_ids(second)  # from the copy
+
+
+def test_a_copy_in_the_layout_of_an_older_version_is_filled_again(mixed_1003, tmp_path):
+    """A copy an older lance_prefetch made (a Lance dataset of every column, record format 1) is
+    not read: the first open warns that it is of another layout, sets it aside and fills it
+    again in this layout; exact rows."""
+    cache_dir = tmp_path / "cache"
+    loader = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=cache_dir), seed=4)
+    copy = loader._source.path
+    cache_dir.mkdir()
+    lance.write_dataset(lance.dataset(mixed_1003).to_table(), copy)  # the old layout
+    cache_files.write_record(copy, loader._source._about())
+    record = json.loads((copy / RECORD).read_text())
+    (copy / RECORD).write_text(json.dumps({**record, "format": 1}))
+    reason = (
+        f"it is in the layout of another lance_prefetch version (its {RECORD} has format 1, "
+        f"this version writes 2)"
+    )
+    message = f"the copy {str(copy)!r} of {mixed_1003!r} version 1 is damaged: {reason}; filling"
+    with pytest.warns(RuntimeWarning, match=re.escape(message)):
+        assert ids_and_names(list(loader)) == expected_rank_ids(loader)
+        loader._source.fill()
+    assert sorted(p.name for p in copy.iterdir()) == [RECORD, "columns", LAYOUT, ROWS]
+    assert ids_and_names(list(loader)) == expected_rank_ids(loader)  # from the new copy
 
 
 @pytest.mark.timeout(60)
 def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_read_once(
-    ids_1003, tmp_path, monkeypatch
+    mixed_1003, tmp_path, monkeypatch
 ):
     """Reuse costs a stat a file: no CRC-32 is computed. A file whose timestamps changed but not
     its bytes is read once, by the background fill (never by ``iter()`` in the training thread),
     kept (no new fill, no warning) and its new stamp recorded."""
     cache_dir = tmp_path / "cache"
-    first = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir))
+    first = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=cache_dir))
     assert read(first) == expected_rank_ids(first)
     copy = first._source.path
     summed = []
@@ -266,7 +351,7 @@ def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_rea
         if touch:
             os.utime(data_file(copy))
         with tap.tapping():
-            loader = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=7)
+            loader = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=cache_dir), seed=7)
         assert read(loader) == expected_rank_ids(loader)
         assert summed == ([data_file(copy)] if touch else [])
         summed.clear()
@@ -275,35 +360,54 @@ def test_an_untouched_copy_is_opened_without_reading_it_and_a_touched_one_is_rea
 
 
 @pytest.mark.timeout(60)
-def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(ids_1003, tmp_path):
-    """The copy's data file truncated mid-epoch: the batches read before are exact, then a
-    BatchLoadError (not retried) names the copy and tells to delete it; the next run refills."""
+@pytest.mark.parametrize("part", ["Lance data file", "raw file"])
+def test_a_copy_damaged_while_it_is_read_is_an_error_naming_it_never_other_rows(
+    mixed_1003, tmp_path, part
+):
+    """A file of the copy truncated mid-epoch (of its Lance part; or a mapped raw file between
+    two batches, whose size is checked before each read: a read past its end would end the
+    process): the batches read before are exact, then a BatchLoadError (not retried) names the
+    copy and tells to delete it; the next run refills. The raw file's copy is all raw files
+    (``ready``: read in ``next()``, nothing ahead), so no read is in flight when it is
+    truncated; a truncation during a read of a mapped page may end the process (``SIGBUS``)."""
     cache_dir = tmp_path / "cache"
+    columns = ["id", "vector", "label"] if part == "raw file" else None
     loader = PrefetchLoader(
-        ids_1003, 50, cache=DiskCache(dir=cache_dir), read=ReadOptions(coalesce=1)
+        mixed_1003,
+        50,
+        columns=columns,
+        cache=DiskCache(dir=cache_dir),
+        read=ReadOptions(coalesce=1),
     )
     expected = expected_rank_ids(loader)
     loader._source.fill()  # the copy open before the first read, so every take reads it
+    assert loader._source.ready == (part == "raw file")
     iterator = iter(loader)
     delivered = batch_ids([next(iterator)])
     copy = loader._source.path
-    os.truncate(data_file(copy), 0)
+    damaged = raw_file(copy) if part == "raw file" else data_file(copy)
+    os.truncate(damaged, 0)
     with pytest.raises(BatchLoadError) as info:
         for batch in iterator:
             delivered.append(batch["id"].tolist())
     assert delivered == expected[: len(delivered)] and len(delivered) < len(expected)
     message = str(info.value)
     assert message.startswith(
-        f"batch {len(delivered)} of epoch 0 (50 rows) from {ids_1003!r} version 1 failed after "
-        f"1 attempt (not retried: CopyReadError is not transient): CopyReadError: the disk cache "
-        f"{str(copy)!r} (the copy of {ids_1003!r} version 1) could not be read: OSError: "
+        f"batch {len(delivered)} of epoch 0 (50 rows) from {mixed_1003!r} version 1 failed "
+        f"after 1 attempt (not retried: CopyReadError is not transient): CopyReadError: the "
+        f"disk cache {str(copy)!r} (the copy of {mixed_1003!r} version 1) could not be read: "
+        f"OSError: "
     )
+    if part == "raw file":
+        assert len(delivered) == 1  # the next read found it
+        assert ": OSError: its file columns/0.raw has 0 bytes, not 8,024; it may" in message
     assert message.endswith(
         "; it may be damaged: delete it (the next run fills it again), or use cache='memory' "
         "or cache=None"
     )
-    again = PrefetchLoader(ids_1003, 50, cache=DiskCache(dir=cache_dir), seed=1)
-    with pytest.warns(RuntimeWarning, match=r"is damaged: its file data/.* has 0 bytes, not"):
+    again = PrefetchLoader(mixed_1003, 50, columns=columns, cache=DiskCache(dir=cache_dir), seed=1)
+    relative = damaged.relative_to(copy).as_posix()
+    with pytest.warns(RuntimeWarning, match=rf"is damaged: its file {relative} has 0 bytes, not"):
         assert read(again) == expected_rank_ids(again)
 
 

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import default_collate
 
 from lance_prefetch import LanceMapDataset, MemoryCache, PrefetchLoader, collate
+from lance_prefetch.cache._disk import ROWS
 from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch.sources._options import SourceOptions
 
@@ -187,7 +188,7 @@ def test_blob_columns_through_the_loader_in_every_read_mode(make_loader, blobs_6
         assert torch.equal(batch["label"], batch["id"] % 7)
     if make_loader.mode == "disk":
         loaders[0]._source.fill()  # the copy is made in the background: wait for it
-        stored = lance.dataset(str(loaders[0]._source.path)).schema.field("blob")
+        stored = lance.dataset(str(loaders[0]._source.path / ROWS)).schema.field("blob")
         assert stored.type.extension_name == "lance.blob.v2"
     again, again_ids = epoch(copy)
     assert again_ids == first_ids and [b["blob"] for b in again] == [b["blob"] for b in first]

@@ -11,18 +11,26 @@ exactness and resuming do not change.
 - :class:`~lance_prefetch.cache._memory.MemoryCache` (``cache="memory"``) keeps the rows in this
   process; its fill runs in the background while the first epoch is read by takes, and a filled
   cache gathers batches straight into tensors (see :mod:`~lance_prefetch.cache._memory`).
-- :class:`DiskCache` (``cache="disk"``) copies the rows once to a local Lance dataset under
-  ``cache_dir``, named by the URI, version, commit time and columns, and takes from it. It is
-  reused across runs and shared by processes (the page cache holds it once for every worker);
-  concurrent fills are serialised by a file lock and published by an atomic rename, so a reader
-  never sees a partial copy. A copy carries the record of its files
-  (:mod:`~lance_prefetch.cache._files`), checked at each open: a damaged one is filled again. A
-  disk that fills during the fill is an ``OSError`` naming ``cache_dir`` and the fixes, and
-  nothing of the copy is kept.
+- :class:`DiskCache` (``cache="disk"``) copies the rows once to a local folder under
+  ``cache_dir``, named by the URI, version, commit time and columns: each fixed-width column
+  (numbers, bools, fixed-size lists, tensors; no nulls) as a raw file of its values
+  (:mod:`~lance_prefetch.cache._columns`), every other column in a Lance dataset inside the
+  copy (``rows.lance``). Each process maps the raw files (``mmap``, read-only), so a batch of
+  them is a ``numpy.take`` from memory the page cache holds once for every process and worker,
+  gathered straight into tensors (:meth:`DiskCache.gather`); the Lance part is read by
+  ``take``. A copy that is all raw files and fits in half the memory is read in the training
+  thread, as a filled memory cache is (:attr:`DiskCache.ready`). The copy is reused across runs
+  and shared by processes; concurrent fills are serialised by a file lock and published by an
+  atomic rename, so a reader never sees a partial copy. A copy carries the record of its files
+  (:mod:`~lance_prefetch.cache._files`), checked at each open: a damaged one, or one in the
+  layout of an older version (a Lance dataset of every column), is filled again. A disk that
+  fills during the fill is an ``OSError`` naming ``cache_dir`` and the fixes, and nothing of the
+  copy is kept.
 
 Every column type the loader reads is cached: a blob column's bytes are read by the scan
 (Lance's ``blob_handling="all_binary"``) and held as ``large_binary`` in memory, or stored as a
-blob again in the disk copy; a nested path (``"image.bytes"``) is copied under its struct.
+blob again in the disk copy's Lance part; a nested path (``"image.bytes"``) is copied under its
+struct there (or as a raw file, when it is fixed-width).
 
 ``iter(loader)`` calls ``prepare()`` in each process before the first read (so a fill is never
 a timed, retried ``take``): the disk copy is made (or found) there, and every batch from epoch 0
@@ -49,6 +57,7 @@ import pyarrow as pa
 from filelock import FileLock
 
 from lance_prefetch._validate import check_folder
+from lance_prefetch.cache._columns import ColumnFiles, ColumnWriter, HeldNull, raw_columns
 from lance_prefetch.cache._files import (
     CopyReadError,
     check_copy,
@@ -59,12 +68,24 @@ from lance_prefetch.cache._files import (
     write_record,
 )
 from lance_prefetch.cache._filling import BackgroundFill, FillingCache, FillStopped
+from lance_prefetch.cache._gathered import Gathered
 from lance_prefetch.cache._memory import MemoryCache
-from lance_prefetch.convert._arrow import fixed_row_bytes
+from lance_prefetch.convert._arrow import fixed_row_bytes, to_tensors
 from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch.sources._options import SourceOptions
 
-__all__ = ["DiskCache", "MemoryCache", "default_cache_bytes", "default_cache_dir", "with_cache"]
+__all__ = [
+    "DiskCache",
+    "LocalCopy",
+    "MemoryCache",
+    "ROWS",
+    "default_cache_bytes",
+    "default_cache_dir",
+    "with_cache",
+]
+
+#: The Lance part of a copy (the columns not stored raw), a folder in the copy.
+ROWS = "rows.lance"
 
 
 def default_cache_bytes() -> int:
@@ -86,22 +107,34 @@ def default_cache_dir() -> Path:
 
 
 class DiskCache(FillingCache):
-    """A :class:`~lance_prefetch.sources._lance.LanceSource`'s rows copied to a local Lance dataset.
+    """A :class:`~lance_prefetch.sources._lance.LanceSource`'s rows copied to a local folder:
+    fixed-width columns as raw, memory-mapped files, the others as a Lance dataset.
 
     Args:
         source (LanceSource): the pinned, projected dataset.
         cache_dir (str | os.PathLike): where copies live; created if missing.
 
-    The copy is ``cache_dir / <name>-v<version>-<key>.lance``, ``key`` a hash of the URI, version,
-    commit time and columns: another version or projection gets another copy; an existing one is
-    reused (across runs and processes) once :func:`~lance_prefetch.cache._files.check_copy` finds
-    it whole (a ``stat`` a file; a damaged copy is filled again, with a ``RuntimeWarning`` naming
-    the damage). Copies are never deleted by the loader; remove the directory to reclaim the
-    space. ``<copy>.lock`` beside each copy is only the target of the fill's OS file lock
-    (:class:`filelock.FileLock`: ``flock`` on POSIX), held by no one once fills end, also when
-    their process was killed.
+    The copy is the folder ``cache_dir / <name>-v<version>-<key>.lance``, ``key`` a hash of the
+    URI, version, commit time and columns: another version or projection gets another copy; an
+    existing one is reused (across runs and processes) once
+    :func:`~lance_prefetch.cache._files.check_copy` finds it whole (a ``stat`` a file; a damaged
+    copy, or one an older version laid out otherwise, is filled again, with a ``RuntimeWarning``
+    naming why). It holds ``columns/<i>.raw`` for each column stored raw and ``columns.json``
+    saying their dtypes and shapes (:mod:`~lance_prefetch.cache._columns`), ``rows.lance`` (a
+    Lance dataset of the other columns) if there are any, and the record. A column chosen to be
+    raw that holds a null at any level is found during the fill, which then starts over with
+    that column in the Lance part. Copies are never deleted by the loader; remove the directory
+    to reclaim the space. ``<copy>.lock`` beside each copy is only the target of the fill's OS
+    file lock (:class:`filelock.FileLock`: ``flock`` on POSIX), held by no one once fills end,
+    also when their process was killed.
 
-    Pickles as ``source`` and ``cache_dir``.
+    The raw files are mapped by each process that opens the copy (``mmap``, read-only; advised
+    ``MADV_RANDOM`` when they exceed half the memory). Before each read their sizes are checked
+    (one ``fstat`` a file): a file truncated since it was mapped is a
+    :class:`~lance_prefetch.cache._files.CopyReadError`, not a read past its end (which would end
+    the process with ``SIGBUS``); one truncated during a read can still do that.
+
+    Pickles as ``source`` and ``cache_dir`` (never the mappings: each process maps the files).
     """
 
     def __init__(self, source: LanceSource, cache_dir: str | os.PathLike[str]) -> None:
@@ -116,7 +149,7 @@ class DiskCache(FillingCache):
     def _reset(self) -> None:
         """No copy opened in this process yet, and a fill not started (also in a copy)."""
         self._lock = threading.Lock()
-        self._local: LanceSource | None = None
+        self._local: LocalCopy | None = None
         self._filling = BackgroundFill(self._open_copy, f"cache='disk' of {self._source.uri!r}")
 
     def prepare(self) -> None:
@@ -134,10 +167,10 @@ class DiskCache(FillingCache):
         if self._local is None:
             self._filling.start()
 
-    def fill(self) -> LanceSource:
-        """The local copy, made on the first call if no process made it yet, or made again if
-        the one there is damaged (thread- and process-safe: one process copies, the others wait
-        for it and reuse it).
+    def fill(self) -> LocalCopy:
+        """The local copy, opened in this process: made on the first call if no process made it
+        yet, or made again if the one there is damaged or of an older layout (thread- and
+        process-safe: one process copies, the others wait for it and reuse it).
 
         Raises:
             OSError: ``cache_dir`` cannot be written, or its disk is full (``errno`` ``ENOSPC``;
@@ -161,21 +194,20 @@ class DiskCache(FillingCache):
                     self._copy(stopping)
                 self._local = self._open_local()
 
-    def _open_local(self) -> LanceSource:
+    def _open_local(self) -> LocalCopy:
         """The copy at :attr:`path`, found whole, opened (under ``_lock``).
 
         Raises:
             ValueError: it does not hold ``num_rows`` rows (delete it).
         """
-        options = SourceOptions(io="auto", columns=self._source.columns)  # a local copy
-        local = LanceSource(os.fspath(self.path), options)
-        if local.num_rows != self._source.num_rows:
+        try:
+            return LocalCopy(self.path, self._source)
+        except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(
-                f"the disk cache {str(self.path)!r} holds {local.num_rows} rows, but "
-                f"{self._source.uri!r} version {self._source.version} has "
-                f"{self._source.num_rows}; delete the copy to rebuild it"
-            )
-        return local
+                f"the disk cache {str(self.path)!r} does not hold the rows of "
+                f"{self._source.uri!r} version {self._source.version} "
+                f"({self._source.num_rows} rows): {exc}; delete the copy to rebuild it"
+            ) from exc
 
     def _copy(self, stopping: threading.Event | None) -> None:
         """Under the copy's lock: remove what killed fills left, keep a copy another process
@@ -228,12 +260,14 @@ class DiskCache(FillingCache):
                     raise
                 raise self._unwritable(exc) from exc
             target = Path(partial, "copy.lance")
-            try:
-                self._source.copy_to(os.fspath(target), stopping=stopping)
-            except Exception:
-                if stopping is not None and stopping.is_set():
-                    raise FillStopped from None  # stopped (what Lance made of it aside)
-                raise
+            raw = raw_columns(self._source.schema)
+            while True:
+                try:
+                    self._write(target, raw, stopping)
+                    break
+                except HeldNull as exc:  # that column in the Lance part: start over
+                    raw.remove(exc.column)
+                    shutil.rmtree(target)
             write_record(target, self._about())
             os.rename(target, self.path)  # atomic: readers see all of it or nothing
         except OSError as exc:
@@ -245,6 +279,31 @@ class DiskCache(FillingCache):
         finally:
             if partial is not None:
                 shutil.rmtree(partial, ignore_errors=True)
+
+    def _write(self, target: Path, raw: list[str], stopping: threading.Event | None) -> None:
+        """One scan of the dataset into the copy at ``target``: the columns ``raw`` as raw
+        files, the others as a Lance dataset.
+
+        Raises:
+            HeldNull: a column of ``raw`` holds a null (the caller starts over without it).
+            FillStopped: ``stopping`` was set.
+            OSError, Exception: as :meth:`fill`.
+        """
+        target.mkdir()
+        writer = ColumnWriter(target, self._source.schema, raw)
+        rest = [name for name in self._source.columns if name not in raw]
+        try:
+            self._source.copy_to(
+                os.fspath(target / ROWS), stopping=stopping, columns=rest, each=writer.append
+            )
+        except BaseException as exc:
+            writer.close()
+            if stopping is not None and stopping.is_set():
+                raise FillStopped from None  # stopped (what was made of it is removed)
+            if writer.error is not None and writer.error is not exc:
+                raise writer.error from exc  # raised inside Lance's write, as Lance's error
+            raise
+        writer.close()
 
     def _about(self) -> dict[str, Any]:
         """What the copy holds, as its record says it."""
@@ -293,12 +352,49 @@ class DiskCache(FillingCache):
         try:
             return local.take(indices)
         except Exception as exc:
-            raise CopyReadError(
-                f"the disk cache {str(self.path)!r} (the copy of {self._source.uri!r} version "
-                f"{self._source.version}) could not be read: {type(exc).__name__}: {exc}; it may "
-                f"be damaged: delete it (the next run fills it again), or use cache='memory' "
-                f"or cache=None"
-            ) from exc
+            raise self._unreadable(exc) from exc
+
+    @property
+    def ready(self) -> bool:
+        """Whether a batch is a gather from memory already, as for a filled memory cache: the
+        copy is open in this process, every column is stored raw, and the raw files together fit
+        in half of this machine's memory (:func:`default_cache_bytes`), so the page cache holds
+        them once read. An iteration without a ``transform`` then gathers in the training thread
+        and reads nothing ahead (:class:`~lance_prefetch.schedule._direct.DirectPrefetcher`); a
+        larger copy, or one with columns in its Lance part, is read by the readahead threads, so
+        that the disk sees several reads at once."""
+        local = self._local
+        return (
+            local is not None and local.rows is None and local.files.nbytes <= default_cache_bytes()
+        )
+
+    def gather(self, indices: np.ndarray) -> Gathered | None:
+        """The rows at ``indices`` already converted (as
+        :func:`~lance_prefetch.convert.to_tensors` would convert :meth:`take`'s table): the raw
+        columns gathered from their mapped files straight into tensors, the others taken from the
+        copy's Lance part and converted; ``None`` until the copy is open (read by :meth:`take`
+        from the dataset then), or if a column of the Lance part does not convert (a null where
+        a tensor needs none: read by :meth:`take`, so that the batch's own conversion names it).
+
+        Raises:
+            IndexError, CopyReadError: as :meth:`take`.
+        """
+        local = self._local
+        if local is None:
+            return None
+        self._source.check_offsets(indices)
+        try:
+            return local.gather(indices)
+        except Exception as exc:
+            raise self._unreadable(exc) from exc
+
+    def _unreadable(self, exc: Exception) -> CopyReadError:
+        return CopyReadError(
+            f"the disk cache {str(self.path)!r} (the copy of {self._source.uri!r} version "
+            f"{self._source.version}) could not be read: {type(exc).__name__}: {exc}; it may "
+            f"be damaged: delete it (the next run fills it again), or use cache='memory' "
+            f"or cache=None"
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_source": self._source, "cache_dir": self.cache_dir, "path": self.path}
@@ -306,6 +402,53 @@ class DiskCache(FillingCache):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
+
+
+class LocalCopy:
+    """A finished copy opened in this process: its raw columns mapped
+    (:class:`~lance_prefetch.cache._columns.ColumnFiles`), its Lance part (the other columns, if
+    any) opened as a :class:`~lance_prefetch.sources._lance.LanceSource`.
+
+    Raises:
+        ValueError, KeyError, TypeError: the copy does not fit ``source`` (rows, columns, types).
+        OSError: a file cannot be opened.
+    """
+
+    def __init__(self, path: Path, source: LanceSource) -> None:
+        self.schema = source.schema
+        self.num_rows = source.num_rows
+        self.files = ColumnFiles(path, source.schema, source.num_rows)
+        if self.files.nbytes > default_cache_bytes():  # more than the page cache will hold
+            self.files.read_randomly()
+        rest = [name for name in source.columns if name not in self.files.names]
+        self.rows: LanceSource | None = None
+        if rest:
+            options = SourceOptions(io="auto", columns=rest)  # a local copy
+            self.rows = LanceSource(os.fspath(path / ROWS), options)
+            if self.rows.num_rows != source.num_rows:
+                raise ValueError(f"its Lance part holds {self.rows.num_rows} rows")
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        """The rows at ``indices``, as the dataset's ``take`` returns them."""
+        arrays = self.files.arrays(indices)
+        if self.rows is not None:
+            table = self.rows.take(indices)
+            arrays.update(zip(table.column_names, table.columns, strict=True))
+        return pa.Table.from_arrays(
+            [arrays[name] for name in self.schema.names], schema=self.schema
+        )
+
+    def gather(self, indices: np.ndarray) -> Gathered | None:
+        """The rows at ``indices`` as tensors (see :meth:`DiskCache.gather`)."""
+        values: dict[str, Any] = self.files.tensors(indices)
+        if self.rows is not None:
+            table = self.rows.take(indices)
+            try:
+                values.update(to_tensors(table))
+            except Exception:  # e.g. a null where a tensor needs none: taken as a table, so
+                return None  # that the failing batch's own conversion names that batch
+            values = {name: values[name] for name in self.schema.names}
+        return Gathered(values, len(indices))
 
 
 def with_cache(

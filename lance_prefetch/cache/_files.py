@@ -40,7 +40,7 @@ __all__ = [
 
 #: The record's file name, at the root of each copy.
 RECORD = "_lance_prefetch.json"
-_FORMAT = 1
+_FORMAT = 2  # 2: fixed-width columns as raw files beside a Lance part; 1: Lance only
 _CHUNK = 1 << 22  # CRC-32 read size: 4 MiB
 _LEFTOVERS = (".partial-", ".damaged-", ".record-")
 _FULL = re.compile(r"no space left on device|disk quota exceeded|os error (?:28|122)\b")
@@ -92,7 +92,12 @@ def check_copy(copy: Path, about: dict[str, Any], *, read: bool = True) -> str |
     except (OSError, ValueError) as exc:  # a JSON error is a ValueError
         return f"its {RECORD} cannot be read ({type(exc).__name__}: {exc})"
     try:
-        if record["format"] != _FORMAT or record["about"] != about:
+        if record["format"] != _FORMAT:
+            return (
+                f"it is in the layout of another lance_prefetch version (its {RECORD} has "
+                f"format {record['format']}, this version writes {_FORMAT})"
+            )
+        if record["about"] != about:
             return f"its {RECORD} describes another copy"
         recorded: dict[str, dict[str, Any]] = record["files"]
         found = _files(copy)

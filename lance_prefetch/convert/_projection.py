@@ -12,6 +12,7 @@ requested order, blob columns as ``large_binary``. It is pure pyarrow: the reads
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -94,6 +95,18 @@ class Projection:
                 column = _extract(table, field.name)
                 arrays.append(column if column.type == field.type else column.cast(field.type))
         return pa.Table.from_arrays(arrays, schema=self.schema)
+
+    def part(self, names: Sequence[str]) -> Projection:
+        """This projection restricted to ``names`` (some of :attr:`columns`, in their order): the
+        projection of a copy that holds only those columns."""
+        part = copy.copy(self)
+        part.columns = tuple(name for name in self.columns if name in names)
+        part.blobs = tuple(name for name in self.blobs if name in names)
+        part.read_columns = [name for name in self.read_columns if name in names]
+        part.scan_columns = list(part.columns)
+        part.schema = pa.schema([self.schema.field(name) for name in part.columns])
+        part._storage = _nested_schema(part.schema)
+        return part
 
     @property
     def storage_schema(self) -> pa.Schema:

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import lance
@@ -312,24 +312,39 @@ class LanceSource:
         *,
         stopping: threading.Event | None = None,
         scanned: Iterator[pa.RecordBatch] | None = None,
+        columns: Sequence[str] | None = None,
+        each: Callable[[pa.RecordBatch], None] | None = None,
     ) -> None:
         """Write :meth:`scan`'s rows to a new local Lance dataset at ``path`` (same offsets);
         once ``stopping`` is set, fail at the next record batch (the caller removes ``path``).
         ``scanned``: the record batches of a :meth:`scan` of this source made by the caller (a
-        wrapper's own), instead of a scan of its own.
+        wrapper's own), instead of a scan of its own. ``columns``: the columns the copy holds
+        (some of :attr:`columns`; ``None``: all of them; none: the rows are scanned, and nothing
+        is written). ``each``: called with every record batch scanned (all of :attr:`columns`,
+        flat), in offset order, before it is written; its error ends the copy.
 
         Raises:
             OSError: ``path`` exists, or the disk is full.
-            Exception: as :meth:`scan`; any error once ``stopping`` is set.
+            Exception: as :meth:`scan`; any error once ``stopping`` is set; ``each``'s errors
+                (raised through Lance when the copy holds columns: its own error may be the
+                ``__cause__`` of Lance's, or lost; the caller keeps it if it matters).
         """
         projection = self._projection  # paths back in their structs: Lance refuses "a.b" names
+        if columns is not None:
+            projection = projection.part(columns)
 
         def batches() -> Iterator[pa.RecordBatch]:
             for batch in self.scan() if scanned is None else scanned:
                 if stopping is not None and stopping.is_set():
                     raise InterruptedError(f"the copy to {path!r} was stopped")
+                if each is not None:
+                    each(batch)
                 yield projection.nest(batch)
 
+        if not projection.columns:
+            for _ in batches():
+                pass
+            return
         reader = pa.RecordBatchReader.from_batches(projection.storage_schema, batches())
         with native_call():
             lance.write_dataset(reader, path, mode="create", max_rows_per_file=1 << 24)

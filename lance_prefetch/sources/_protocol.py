@@ -58,8 +58,9 @@ class RowSource(Protocol):
     @property
     def ready(self) -> bool:
         """Whether :meth:`gather` serves every row already, as tensors, in microseconds (a
-        filled memory cache, :mod:`lance_prefetch.cache._memory`): an iteration without a
-        ``transform`` then reads in the training thread and nothing ahead
+        filled memory cache, :mod:`lance_prefetch.cache._memory`, or a disk cache whose open
+        copy is all raw files that fit in memory, :mod:`lance_prefetch.cache._disk`): an
+        iteration without a ``transform`` then reads in the training thread and nothing ahead
         (:class:`~lance_prefetch.schedule._direct.DirectPrefetcher`). ``False`` for every other
         source."""
 
@@ -68,7 +69,8 @@ class RowSource(Protocol):
         :class:`~lance_prefetch.cache._gathered.Gathered`, as
         :func:`~lance_prefetch.convert._arrow.to_tensors` would convert :meth:`take`'s table),
         or ``None``: read them with :meth:`take` then. Only a memory cache whose fill ended
-        gathers; every other source returns ``None`` at once."""
+        and a disk cache whose copy is open gather; every other source returns ``None`` at
+        once."""
 
     def take(self, indices: np.ndarray) -> pa.Table:
         """The rows at ``indices`` (offsets), in that order (see :meth:`~lance_prefetch.sources._lance.LanceSource.take`)."""

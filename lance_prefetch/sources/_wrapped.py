@@ -104,7 +104,7 @@ class WrappedSource(SourceIdentity):
     @property
     def ready(self) -> bool:
         """``False``: rows are read by :meth:`take`. Not forwarded: a wrapper's rows are not
-        its inner source's at the same indices (only a memory cache, which wraps, gathers)."""
+        its inner source's at the same indices (only the caches, which wrap, gather)."""
         return False
 
     def gather(self, indices: np.ndarray) -> Any:

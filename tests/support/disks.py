@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
@@ -11,9 +12,13 @@ from pathlib import Path
 import lance
 import pyarrow as pa
 
+from lance_prefetch.cache import _columns
+
 #: The error Lance raises when a write meets a full disk (measured on a full tmpfs, pylance 14),
 #: raised by the injected failure.
 LANCE_ENOSPC = "LanceError(IO): No space left on device (os error 28), injected by SmallDisk"
+#: The error a raw column file's write raises when injected (``str`` of the ``OSError``).
+RAW_ENOSPC = "[Errno 28] No space left on device, injected by SmallDisk"
 
 
 class SmallDisk:
@@ -24,8 +29,9 @@ class SmallDisk:
     file that leaves ``leave`` bytes free, and a write past them fails in the kernel (ENOSPC).
     Where mounting is refused, and with ``kind="injected"``: a plain folder, and while full every
     ``lance.write_dataset`` writes the first record batch of its data into its target for real,
-    then raises Lance's own ENOSPC error: the same partial files and the same error for the
-    cleanup to handle. :attr:`mounted` says which one runs. Use it as a context manager (the
+    then raises Lance's own ENOSPC error, and every write of a disk copy's raw column file
+    writes half of its bytes, then raises ``OSError`` ENOSPC: the same partial files and the same
+    errors for the cleanup to handle. :attr:`mounted` says which one runs. Use it as a context manager (the
     tmpfs is unmounted and the patch undone at its end)."""
 
     def __init__(self, path: Path, *, size: int, kind: str, monkeypatch) -> None:
@@ -78,6 +84,15 @@ class SmallDisk:
             raise OSError(LANCE_ENOSPC)
 
         self._monkeypatch.setattr(lance, "write_dataset", write_dataset)
+        original_write = _columns._write
+
+        def write(file, values):
+            if not (disk.full and str(file.name).startswith(str(disk.path))):
+                return original_write(file, values)
+            original_write(file, values[: len(values) // 2])  # partial bytes
+            raise OSError(errno.ENOSPC, RAW_ENOSPC.removeprefix("[Errno 28] "))
+
+        self._monkeypatch.setattr(_columns, "_write", write)
 
 
 def _mount_tmpfs(path: Path, size: int) -> bool:
