@@ -470,7 +470,7 @@ def test_every_contender_reads_the_same_rows(tmp_path):
         "ceiling",
         "lance-prefetch defaults",
         "lance-prefetch r2/m2",
-        "map-style",
+        "map-style num_workers=1",
         "sequential",
     ]
     for epoch in (0, 1):

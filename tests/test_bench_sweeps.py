@@ -161,6 +161,9 @@ def test_sweep_winners_pick_the_most_rows_per_s_of_each_name():
     assert winners[1]["tried"] == [(4, 700.0), (16, 650.0)] and winners[1]["label"] == (
         "spdl concurrency=4"
     )
+    # what the targets and the plot compare with: the winner
+    assert verdicts.by_name(contenders, "grain")["label"] == "grain num_threads=16"
+    assert verdicts.by_name(contenders, "spdl")["label"] == "spdl concurrency=4"
     table = report.table_rows(
         {"meta": {"settings": {"step_ms": 1, "batch_size": 64}}, "contenders": contenders}
     )

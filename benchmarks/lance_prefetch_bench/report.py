@@ -456,11 +456,8 @@ def write_grid_plot(report: Mapping[str, Any], path: Path) -> bool:
         "spdl": ("tab:cyan", "-."),
         "lancedb-streaming": ("tab:pink", "-."),
     }
-    swept = {winner["name"]: winner["label"] for winner in sweep_winners(contenders)}
     for name, (color, style) in baselines.items():
-        contender = by_name(contenders, name)
-        if name in swept:  # a swept contender: the winner of its sweep
-            contender = next(c for c in contenders if c["label"] == swept[name])
+        contender = by_name(contenders, name)  # a swept contender: the winner of its sweep
         if contender is None:
             continue
         label = {

@@ -167,11 +167,10 @@ def failures(contenders: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def by_name(contenders: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
-    """The first contender called ``name`` that ran without an error, or ``None``."""
-    for contender in contenders:
-        if contender["name"] == name and is_ok(contender):
-            return contender
-    return None
+    """The contender called ``name`` with the most rows/s among those that ran without an error
+    (a swept contender's best setting; see :func:`sweep_winners`), or ``None``."""
+    ran = [c for c in contenders if c["name"] == name and is_ok(c)]
+    return max(ran, key=lambda c: c["passes"]["throughput"]["rows_per_s"], default=None)
 
 
 def _rows_per_s(contender: Mapping[str, Any] | None) -> float | None:
