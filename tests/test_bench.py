@@ -525,6 +525,8 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
         "2",
         "--spdl-concurrency",
         "2",
+        "--streaming-splits",
+        "1",
         "--delay-ms",
         "5",
         "--jitter-ms",
