@@ -211,6 +211,7 @@ def test_help_shows_every_default_and_no_markup(capsys, monkeypatch):
     assert "(default: sequential,map-style,lance-torch,ceiling,coalesced-ceiling,scan," in text
     assert "--map-workers N,... map-style: DataLoader workers" in text
     assert "(default: 2,4)" in text and "(default: 2,4,8,16)" in text  # the sweeps
+    assert "(default: 4,16,64)" in text and "(default: 1,2,4)" in text
     assert "--sweep-loader run only lance-prefetch: its defaults and a grid" in text
     assert "--aimd-rate AIMD_RATE pin Lance's" in text and "(default: 5000)" in text
     assert "(default: bench-results)" in text and "(default: 300.0)" in text

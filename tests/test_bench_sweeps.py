@@ -161,6 +161,7 @@ def test_sweep_winners_pick_the_most_rows_per_s_of_each_name():
     assert winners[1]["tried"] == [(4, 700.0), (16, 650.0)] and winners[1]["label"] == (
         "spdl concurrency=4"
     )
+    assert [w["edge"] for w in winners] == ["highest", "lowest", None]  # map-style: one value
     # what the targets and the plot compare with: the winner
     assert verdicts.by_name(contenders, "grain")["label"] == "grain num_threads=16"
     assert verdicts.by_name(contenders, "spdl")["label"] == "spdl concurrency=4"
@@ -176,7 +177,18 @@ def test_sweep_winners_pick_the_most_rows_per_s_of_each_name():
     ]
     assert names[5] == "map-style"  # one setting: nothing to win
     lines = report.sweep_lines(contenders)
-    assert "- spdl: **concurrency=4** (700 rows/s; tried 4: 700, 16: 650)" in lines
+    assert (
+        "- spdl: **concurrency=4** (700 rows/s; tried 4: 700, 16: 650; the lowest value tried: "
+        "a wider sweep may find more)" in lines
+    )
+    middle = [
+        _fake("grain", f"grain num_threads={n}", rate, num_threads=n)
+        for n, rate in ((4, 1.0), (16, 3.0), (64, 2.0))
+    ]
+    assert verdicts.sweep_winners(middle)[0]["edge"] is None
+    assert "- grain: **num_threads=16** (3 rows/s; tried 4: 1, 16: 3, 64: 2)" in (
+        report.sweep_lines(middle)
+    )
 
 
 def test_every_row_names_its_reader_and_takes_per_batch():

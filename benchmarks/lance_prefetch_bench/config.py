@@ -75,11 +75,11 @@ class BenchConfig:
         map_workers (tuple[int, ...]): DataLoader workers of each ``map-style`` setting (and of
             ``lance-map``, ``lance-map-rows``). Default: ``(2, 4)``.
         grain_threads (tuple[int, ...]): ``ReadOptions.num_threads`` of each ``grain`` setting.
-            Default: ``(4, 16)`` (16: Grain's default).
+            Default: ``(4, 16, 64)`` (16: Grain's default; 64 for object stores).
         spdl_concurrency (tuple[int, ...]): ``take`` concurrency of each ``spdl`` setting.
-            Default: ``(4, 16)``.
+            Default: ``(4, 16, 64)``.
         streaming_splits (tuple[int, ...]): ``num_splits`` of each ``lancedb-streaming`` setting.
-            Default: ``(1, 2)`` (1: its default for one process). Each of these four is a
+            Default: ``(1, 2, 4)`` (1: its default for one process). Each of these four is a
             sweep: the report names the setting with the most rows/s
             (:func:`~lance_prefetch_bench.verdicts.sweep_winners`).
         contenders (tuple[str, ...]): which contenders to run. Default:
@@ -136,9 +136,9 @@ class BenchConfig:
     ceiling_repeats: int = 2
     coalesced_ceiling_concurrency: tuple[int, ...] = (2, 4, 8, 16)
     map_workers: tuple[int, ...] = (2, 4)
-    grain_threads: tuple[int, ...] = (4, 16)
-    spdl_concurrency: tuple[int, ...] = (4, 16)
-    streaming_splits: tuple[int, ...] = (1, 2)
+    grain_threads: tuple[int, ...] = (4, 16, 64)
+    spdl_concurrency: tuple[int, ...] = (4, 16, 64)
+    streaming_splits: tuple[int, ...] = (1, 2, 4)
     contenders: tuple[str, ...] = DEFAULT_KINDS
     latency: Latency = field(default_factory=Latency)
     aimd_rate: int = 5000

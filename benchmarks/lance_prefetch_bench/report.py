@@ -361,9 +361,14 @@ def sweep_lines(contenders: list[Mapping[str, Any]]) -> list[str]:
         lines += ["", "**Sweeps** (each contender at the best of its own concurrency):"]
         for winner in winners:
             tried = ", ".join(f"{value}: {rate:,.0f}" for value, rate in winner["tried"])
+            edge = (
+                f"; the {winner['edge']} value tried: a wider sweep may find more"
+                if winner["edge"]
+                else ""
+            )
             lines.append(
                 f"- {winner['name']}: **{winner['parameter']}={winner['value']}** "
-                f"({winner['rows_per_s']:,.0f} rows/s; tried {tried})"
+                f"({winner['rows_per_s']:,.0f} rows/s; tried {tried}{edge})"
             )
     versus = defaults_vs_best(contenders)
     if versus is not None:

@@ -522,9 +522,10 @@ def sweep_winners(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
 
     Returns:
         list[dict]: per name, in order of first appearance: ``name``, ``parameter`` (the knob),
-        ``value`` and ``label`` of the winner, ``rows_per_s`` (its rows/s) and ``tried`` (each
-        setting that ran, in run order, as ``(value, rows/s)``); names none of whose settings
-        ran are left out.
+        ``value`` and ``label`` of the winner, ``rows_per_s`` (its rows/s), ``tried`` (each
+        setting that ran, in run order, as ``(value, rows/s)``) and ``edge`` (``"highest"`` or
+        ``"lowest"`` when the winner is the highest or lowest of two or more values tried, so a
+        wider sweep may find more; else ``None``); names none of whose settings ran are left out.
     """
     found: dict[str, dict[str, Any]] = {}
     for contender in contenders:
@@ -540,6 +541,11 @@ def sweep_winners(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
         entry["tried"].append((value, rate))
         if rate > entry["rows_per_s"]:
             entry.update(value=value, label=contender["label"], rows_per_s=rate)
+    for entry in found.values():
+        values = [value for value, _ in entry["tried"]]
+        entry["edge"] = None
+        if len(set(values)) > 1 and entry["value"] in (max(values), min(values)):
+            entry["edge"] = "highest" if entry["value"] == max(values) else "lowest"
     return list(found.values())
 
 
