@@ -208,7 +208,11 @@ def test_help_shows_every_default_and_no_markup(capsys, monkeypatch):
     for flag in ("--readahead", "--max-in-flight", "--ceiling-concurrency", "--contenders"):
         assert f"{flag} " in text
     assert "(default: 1,4,16,64)" in text and "(default: 1,4,16)" in text
-    assert "(default: sequential,map-style,lance-torch,ceiling,lance-prefetch,grain,spdl," in text
+    assert "(default: sequential,map-style,lance-torch,ceiling,coalesced-ceiling,scan," in text
+    assert "--map-workers N,... map-style: DataLoader workers" in text
+    assert "(default: 2,4)" in text and "(default: 2,4,8,16)" in text  # the sweeps
+    assert "(default: 4,16,64)" in text and "(default: 1,2,4)" in text
+    assert "--sweep-loader run only lance-prefetch: its defaults and a grid" in text
     assert "--aimd-rate AIMD_RATE pin Lance's" in text and "(default: 5000)" in text
     assert "(default: bench-results)" in text and "(default: 300.0)" in text
     formatter = parser._get_formatter()
@@ -467,7 +471,7 @@ def test_every_contender_reads_the_same_rows(tmp_path):
         "ceiling",
         "lance-prefetch defaults",
         "lance-prefetch r2/m2",
-        "map-style",
+        "map-style num_workers=1",
         "sequential",
     ]
     for epoch in (0, 1):
@@ -522,6 +526,8 @@ def test_tiny_local_s3_run_writes_outputs_and_leaves_nothing_behind(tmp_path, ne
         "2",
         "--spdl-concurrency",
         "2",
+        "--streaming-splits",
+        "1",
         "--delay-ms",
         "5",
         "--jitter-ms",

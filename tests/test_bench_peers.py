@@ -115,6 +115,7 @@ def test_a_missing_peer_is_a_skipped_row_with_the_install_line(tiny, tmp_path, m
         warmup_batches=0,
         step_ms=0,
         contenders=("sequential", "grain"),
+        grain_threads=(16,),
         out_dir=tmp_path,
         name="skip",
         progress=False,

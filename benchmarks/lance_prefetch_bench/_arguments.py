@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from lance_prefetch_bench._spec import KINDS, PEER_KINDS
-from lance_prefetch_bench.config import BenchConfig
+from lance_prefetch_bench.config import SWEEP_GRID, BenchConfig, _scheme
 from lance_prefetch_bench.latency_proxy import Latency
 
 __all__ = ["add_arguments", "config_from_args"]
@@ -150,6 +150,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lance-prefetch hedge values: auto (hedged takes on object stores), none (hedge=None)",
     )
     add(
+        "--io-grid",
+        type=_ios,
+        default=defaults.io_grid,
+        metavar="auto,default,uring",
+        help="lance-prefetch ReadOptions.io values",
+    )
+    add(
         "--repeats",
         type=int,
         default=defaults.repeats,
@@ -170,10 +177,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="runs of ceiling per pool size; the best counts",
     )
     add(
+        "--coalesced-ceiling-concurrency",
+        type=_int_list,
+        default=defaults.coalesced_ceiling_concurrency,
+        metavar="N,N,...",
+        help="thread-pool sizes tried by coalesced-ceiling (the loader defaults' takes)",
+    )
+    add(
         "--map-workers",
-        type=int,
+        type=_int_list,
         default=defaults.map_workers,
-        help="DataLoader workers of map-style, lance-map and lance-map-rows",
+        metavar="N,...",
+        help="map-style: DataLoader workers of each setting (lance-map and lance-map-rows use "
+        "the first)",
     )
     add(
         "--grain-threads",
@@ -254,19 +270,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "contender run is printed either way)",
     )
     add(
+        "--sweep-loader",
+        action="store_true",
+        help="run only lance-prefetch: its defaults and a grid (readahead "
+        f"{_listed(SWEEP_GRID['readahead'])}, max-in-flight {_listed(SWEEP_GRID['max_in_flight'])}, "
+        f"coalesce {_listed(SWEEP_GRID['coalesce'])}, io-grid {_listed(SWEEP_GRID['io_grid'])} "
+        "on local datasets; each replaced by its own option when given), and print the "
+        "defaults' rows/s over the best setting's",
+    )
+    add(
         "--targets",
         action="store_true",
         help="add the development targets (met or missed) to the report",
     )
 
 
+def _listed(values: tuple[int | str, ...]) -> str:
+    return ",".join(str(value) for value in values)
+
+
+def _ios(text: str) -> tuple[str, ...]:
+    values = _names(text)
+    if not values or any(value not in ("auto", "default", "uring") for value in values):
+        raise argparse.ArgumentTypeError(f"should be among auto,default,uring, got {text!r}")
+    return values
+
+
+def _sweep_grid(args: argparse.Namespace) -> dict[str, object]:
+    """With ``--sweep-loader``: only ``lance-prefetch``, and :data:`SWEEP_GRID` for each grid
+    option left at the bench's default (``io_grid`` on a local dataset read without ``--io
+    uring`` only)."""
+    if not args.sweep_loader:
+        return {}
+    defaults = BenchConfig()
+    grid: dict[str, object] = {"contenders": ("lance-prefetch",), "sweep_loader": True}
+    local = not args.local_s3 and args.io != "uring" and _scheme(args.uri or "") in ("", "file")
+    for name, values in SWEEP_GRID.items():
+        if name == "io_grid" and not local:
+            continue
+        if getattr(args, name) == getattr(defaults, name):
+            grid[name] = values
+    return grid
+
+
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """The :class:`BenchConfig` for parsed ``bench`` arguments.
+    """The :class:`BenchConfig` for parsed ``bench`` arguments (``--sweep-loader``: see
+    :func:`_sweep_grid`).
 
     Raises:
         ValueError: as :class:`BenchConfig`.
     """
+    settings = {
+        "readahead": args.readahead,
+        "max_in_flight": args.max_in_flight,
+        "coalesce": args.coalesce,
+        "io_grid": args.io_grid,
+        "contenders": args.contenders,
+    } | _sweep_grid(args)
     return BenchConfig(
+        **settings,  # type: ignore[arg-type]
         uri=args.uri,
         local_s3=args.local_s3,
         rows=args.rows,
@@ -278,19 +340,16 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         warmup_batches=args.warmup_batches,
         seed=args.seed,
         step_ms=args.step_ms,
-        readahead=args.readahead,
-        max_in_flight=args.max_in_flight,
-        coalesce=args.coalesce,
         cache=args.cache,
         hedge=args.hedge,
         repeats=args.repeats,
         ceiling_concurrency=args.ceiling_concurrency,
         ceiling_repeats=args.ceiling_repeats,
+        coalesced_ceiling_concurrency=args.coalesced_ceiling_concurrency,
         map_workers=args.map_workers,
         grain_threads=args.grain_threads,
         spdl_concurrency=args.spdl_concurrency,
         streaming_splits=args.streaming_splits,
-        contenders=args.contenders,
         latency=Latency(
             delay_ms=args.delay_ms,
             jitter_ms=args.jitter_ms,

@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
     from lance_prefetch_bench._arguments import config_from_args
     from lance_prefetch_bench.report import to_markdown
     from lance_prefetch_bench.run import run_bench
-    from lance_prefetch_bench.verdicts import failures, same_rows_verdict
+    from lance_prefetch_bench.verdicts import defaults_vs_best, failures, same_rows_verdict
 
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -102,6 +102,12 @@ def _run(args: argparse.Namespace) -> int:
     print(to_markdown(report, plot_name=str(paths["plot"])))
     plots = str(paths["plot"]) + (f" and {paths['grid_plot']}" if "grid_plot" in paths else "")
     print(f"wrote {paths['json']}, {paths['markdown']} and {plots}")
+    versus = defaults_vs_best(report["contenders"])
+    if config.sweep_loader and versus is not None:
+        print(
+            f"defaults/best: {versus['ratio']:.2f}x ({versus['defaults']:,.0f} vs "
+            f"{versus['best']:,.0f} rows/s, {versus['best_label']})"
+        )
     failed = failures(report["contenders"])
     if failed:
         print(

@@ -16,6 +16,7 @@ __all__ = [
     "KINDS",
     "PEER_KINDS",
     "STEP_EPOCH",
+    "SWEPT_KINDS",
     "THROUGHPUT_EPOCH",
     "UNIFORM",
     "WARMUP_EPOCH",
@@ -30,6 +31,8 @@ KINDS = (
     "map-style",
     "lance-torch",
     "ceiling",
+    "coalesced-ceiling",
+    "scan",
     "lance-prefetch",
     "prefetch-workers",
     "lance-map",
@@ -40,14 +43,23 @@ KINDS = (
 )
 #: The peer loaders (the ``peers`` extra): ``--contenders peers`` names them all.
 PEER_KINDS = ("grain", "spdl", "lancedb-streaming")
-#: What runs without ``--contenders``: the first five and the peers (a peer not installed is a
+#: What runs without ``--contenders``: the first seven and the peers (a peer not installed is a
 #: skipped row saying how to install it).
-DEFAULT_KINDS = KINDS[:5] + PEER_KINDS
+DEFAULT_KINDS = KINDS[:7] + PEER_KINDS
+#: The peer loaders and the seed's map-style loader, each run at every value of its own
+#: concurrency knob: (the knob's name, the :class:`ContenderSpec` field it sets).
+SWEPT_KINDS = {
+    "map-style": ("num_workers", "num_workers"),
+    "grain": ("num_threads", "threads"),
+    "spdl": ("concurrency", "threads"),
+    "lancedb-streaming": ("num_splits", "splits"),
+}
 #: Whether each contender's batches are uniformly random (every batch a uniform sample of the
 #: epoch's rows without replacement), and how.
 UNIFORM = {
     **dict.fromkeys(KINDS, "yes"),
     "lance-torch": "no (shuffled contiguous ranges)",
+    "scan": "no (sequential scan, disk order)",
     "grain": "yes (its own shuffle)",
     "lancedb-streaming": "yes (its own shuffle)",
 }
@@ -80,7 +92,11 @@ class ContenderSpec:
             folder of the contender's own, removed afterwards). Default: ``"none"``.
         hedge (str): ``hedge`` of ``lance-prefetch``: ``"auto"`` or ``"none"`` (``None``).
             Default: ``"auto"``.
-        concurrency (list[int]): thread-pool sizes for ``ceiling``. Default: ``[]``.
+        io (str): ``ReadOptions.io`` of ``lance-prefetch`` (``"auto"``, ``"default"`` or
+            ``"uring"``). Default: ``"auto"``.
+        concurrency (list[int]): thread-pool sizes for ``ceiling``; for ``coalesced-ceiling``
+            those tried when the loader's ``max_in_flight`` is ``"auto"`` (a fixed one is used
+            alone). Default: ``[]``.
         ceiling_repeats (int): runs of ``ceiling`` per pool size. Default: ``2``.
         num_workers (int): DataLoader workers for ``map-style``. Default: ``4``.
         lance_torch_readahead (int): ``batch_readahead`` of ``lance-torch``. Default: ``16``.
@@ -110,6 +126,7 @@ class ContenderSpec:
     coalesce: int | str = "auto"
     cache: str = "none"
     hedge: str = "auto"
+    io: str = "auto"
     concurrency: list[int] = field(default_factory=list)
     ceiling_repeats: int = 2
     num_workers: int = 4

@@ -9,10 +9,21 @@ from typing import Any
 from lance_prefetch_bench._spec import DEFAULT_KINDS, KINDS
 from lance_prefetch_bench.latency_proxy import Latency
 
-__all__ = ["BenchConfig"]
+__all__ = ["BenchConfig", "SWEEP_GRID"]
 
 _LOCAL_SCHEMES = ("", "file", "file+uring")
 _AUTO = ("readahead", "max_in_flight", "coalesce")  # the settings that may be "auto"
+_IO = ("auto", "default", "uring")  # ReadOptions.io
+
+#: The ``lance-prefetch`` grid of ``--sweep-loader`` (each entry replaces the bench's default for
+#: that setting; ``io_grid`` only on local datasets): two depths, two in-flight bounds, the
+#: ``coalesce`` rule and one take a batch, Lance's default reader and ``io="auto"``.
+SWEEP_GRID: dict[str, tuple[int | str, ...]] = {
+    "readahead": (8, 64),
+    "max_in_flight": (4, 16),
+    "coalesce": ("auto", 1),
+    "io_grid": ("auto", "default"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +54,9 @@ class BenchConfig:
         cache (tuple[str, ...]): the grid's ``cache`` values, among ``"none"``, ``"memory"``,
             ``"disk"`` (a disk cache lives in the run's temporary folder). Default:
             ``("none",)``.
+        io (tuple[str, ...]): the grid's ``ReadOptions.io`` values (``"auto"``, ``"default"``,
+            ``"uring"``; a setting names ``io`` only when it is not ``"auto"``). Default:
+            ``("auto",)``.
         hedge (tuple[str, ...]): the grid's ``hedge`` values: ``"auto"`` (the loader's
             default: hedged takes on object stores) and ``"none"`` (``hedge=None``). Default:
             ``("auto",)``.
@@ -55,13 +69,19 @@ class BenchConfig:
         ceiling_concurrency (tuple[int, ...]): thread-pool sizes tried by ``ceiling``. Default:
             ``(4, 16, 64)``.
         ceiling_repeats (int): runs of ``ceiling`` per pool size; the best counts. Default: ``2``.
-        map_workers (int): DataLoader workers of ``map-style``. Default: ``4``.
+        coalesced_ceiling_concurrency (tuple[int, ...]): thread-pool sizes tried by
+            ``coalesced-ceiling`` (the loader's defaults have ``max_in_flight="auto"``, which
+            moves within such a range). Default: ``(2, 4, 8, 16)``.
+        map_workers (tuple[int, ...]): DataLoader workers of each ``map-style`` setting (and of
+            ``lance-map``, ``lance-map-rows``). Default: ``(2, 4)``.
         grain_threads (tuple[int, ...]): ``ReadOptions.num_threads`` of each ``grain`` setting.
-            Default: ``(16,)`` (Grain's default).
+            Default: ``(4, 16, 64)`` (16: Grain's default; 64 for object stores).
         spdl_concurrency (tuple[int, ...]): ``take`` concurrency of each ``spdl`` setting.
-            Default: ``(8,)``.
+            Default: ``(4, 16, 64)``.
         streaming_splits (tuple[int, ...]): ``num_splits`` of each ``lancedb-streaming`` setting.
-            Default: ``(1,)`` (its default for one process).
+            Default: ``(1, 2, 4)`` (1: its default for one process). Each of these four is a
+            sweep: the report names the setting with the most rows/s
+            (:func:`~lance_prefetch_bench.verdicts.sweep_winners`).
         contenders (tuple[str, ...]): which contenders to run. Default:
             :data:`~lance_prefetch_bench._spec.DEFAULT_KINDS` (the first five and the peers). With
             ``lance-prefetch``, its defaults (no tuning arguments) run too, as
@@ -84,6 +104,10 @@ class BenchConfig:
         progress (bool): show a progress bar on stderr. Default: ``True``.
         targets (bool): add the development targets (met or missed) to the report. Default:
             ``False``.
+        sweep_loader (bool): the report compares ``lance-prefetch defaults`` with the best
+            setting of the grid (:func:`~lance_prefetch_bench.verdicts.defaults_vs_best`); the
+            command's ``--sweep-loader`` also runs only the loader, over a grid of its own
+            (:data:`SWEEP_GRID`). Default: ``False``.
 
     Raises:
         ValueError: a value is out of range, ``local_s3`` with a ``uri``, an unknown contender, or
@@ -104,15 +128,17 @@ class BenchConfig:
     readahead: tuple[int | str, ...] = (1, 4, 16, 64)
     max_in_flight: tuple[int | str, ...] = (1, 4, 16)
     coalesce: tuple[int | str, ...] = ("auto",)
+    io_grid: tuple[str, ...] = ("auto",)
     hedge: tuple[str, ...] = ("auto",)
     cache: tuple[str, ...] = ("none",)
     repeats: int = 1
     ceiling_concurrency: tuple[int, ...] = (4, 16, 64)
     ceiling_repeats: int = 2
-    map_workers: int = 4
-    grain_threads: tuple[int, ...] = (16,)
-    spdl_concurrency: tuple[int, ...] = (8,)
-    streaming_splits: tuple[int, ...] = (1,)
+    coalesced_ceiling_concurrency: tuple[int, ...] = (2, 4, 8, 16)
+    map_workers: tuple[int, ...] = (2, 4)
+    grain_threads: tuple[int, ...] = (4, 16, 64)
+    spdl_concurrency: tuple[int, ...] = (4, 16, 64)
+    streaming_splits: tuple[int, ...] = (1, 2, 4)
     contenders: tuple[str, ...] = DEFAULT_KINDS
     latency: Latency = field(default_factory=Latency)
     aimd_rate: int = 5000
@@ -125,6 +151,7 @@ class BenchConfig:
     contender_timeout_s: float = 300.0
     progress: bool = True
     targets: bool = False
+    sweep_loader: bool = False
 
     def __post_init__(self) -> None:
         if self.local_s3 and self.uri is not None:
@@ -133,12 +160,13 @@ class BenchConfig:
                 f"(got {self.uri!r}); to read your own dataset from S3, pass its URI and "
                 f"--storage-option KEY=VALUE"
             )
+        if isinstance(self.map_workers, int):  # one value: a sweep of one
+            object.__setattr__(self, "map_workers", (self.map_workers,))
         for name in (
             "rows",
             "rows_per_file",
             "batch_size",
             "batches",
-            "map_workers",
             "ceiling_repeats",
             "repeats",
         ):
@@ -161,6 +189,8 @@ class BenchConfig:
             "max_in_flight",
             "coalesce",
             "ceiling_concurrency",
+            "coalesced_ceiling_concurrency",
+            "map_workers",
             "grain_threads",
             "spdl_concurrency",
             "streaming_splits",
@@ -175,6 +205,12 @@ class BenchConfig:
             raise ValueError(
                 f"cache should be among 'none', 'memory', 'disk', but got {list(self.cache)}"
             )
+        if not self.io_grid or any(io not in _IO for io in self.io_grid):
+            raise ValueError(f"io_grid should be among {list(_IO)}, but got {list(self.io_grid)}")
+        if "uring" in self.io_grid and (
+            self.local_s3 or _scheme(self.uri or "") not in _LOCAL_SCHEMES
+        ):
+            raise ValueError("io_grid: 'uring' reads local datasets only (io_uring is local)")
         if not self.hedge or any(h not in ("auto", "none") for h in self.hedge):
             raise ValueError(f"hedge should be among 'auto', 'none', but got {list(self.hedge)}")
         if "lance-prefetch" in self.contenders and not self.grid():
@@ -197,10 +233,13 @@ class BenchConfig:
 
     def prefetch_settings(self) -> list[dict[str, Any]]:
         """Every ``lance-prefetch`` setting: the :meth:`grid` times ``coalesce`` times ``cache``
-        times ``hedge`` (a setting names ``hedge`` only when it is not ``"auto"``)."""
+        times ``hedge`` times ``io_grid`` (a setting names ``hedge`` and ``io`` only when they
+        are not ``"auto"``)."""
         return [
             {"readahead": r, "max_in_flight": m, "coalesce": c, "cache": cache}
             | ({} if hedge == "auto" else {"hedge": hedge})
+            | ({} if io == "auto" else {"io": io})
+            for io in dict.fromkeys(self.io_grid)
             for hedge in dict.fromkeys(self.hedge)
             for cache in dict.fromkeys(self.cache)
             for c in dict.fromkeys(self.coalesce)

@@ -30,6 +30,13 @@ contender           what it runs
 ``ceiling``         the raw ``take`` calls of the plan's batches, all submitted at once to a thread pool
                     of each of ``concurrency`` sizes (``ceiling_repeats`` times each, the best
                     run counts); no queue, no conversion, no torch
+``coalesced-ceiling`` the loader's defaults' own takes (``coalesce`` batches a take, through its
+                    source and reader: io_uring where ``io="auto"`` picks it), ``max_in_flight``
+                    at once (each of ``concurrency`` for ``"auto"``); no queue, no conversion
+                    (:mod:`~lance_prefetch_bench._ceiling`): the limit of its take path
+``scan``            Lance's sequential scan (``dataset.to_batches(batch_size=B, columns,
+                    batch_readahead=16)``) then ``to_tensors``: the disk order, not uniform; the
+                    scan speed the uniform readers are measured against
 ``lance-prefetch``  :class:`~lance_prefetch.PrefetchLoader` with ``readahead`` and ``max_in_flight``
 ``prefetch-workers`` the same loader inside ``DataLoader(batch_size=None, num_workers=W, spawn,
                     persistent_workers=True)``: each worker prefetches its share of the batches
@@ -44,7 +51,7 @@ contender           what it runs
                     the ``peers`` extra (:mod:`~lance_prefetch_bench._peer_contenders`)
 ==================  ===================================================================================
 
-The last six are not run unless asked for (``--contenders``; ``peers`` names the last three);
+``prefetch-workers`` to ``lance-map-rows`` are not run unless asked for (``--contenders``; ``peers`` names the last three);
 ``docs/choosing.md`` uses ``prefetch-workers``, ``lance-map`` and ``lance-map-rows``.
 ``lance-prefetch`` also runs once with none of its tuning arguments (``defaults``).
 
@@ -153,6 +160,38 @@ class _LanceTorch:
         pass
 
 
+class _Scan:
+    notes = (
+        "Lance's sequential scan in disk order (not uniform): the scan-speed reference; not the "
+        "plan's batches, so it is left out of the same-ids check",
+    )
+
+    def __init__(self, spec: ContenderSpec) -> None:
+        self.spec = spec
+        self.latencies: list[float] = []  # stays empty: it scans, there is no take to time
+
+    def setup(self) -> None:
+        self.dataset = open_dataset(self.spec)
+
+    def iterate(self, epoch: int, count: int) -> Iterator[tuple[dict, np.ndarray | None]]:
+        import pyarrow as pa
+
+        batches = self.dataset.to_batches(
+            columns=list(self.spec.columns),
+            batch_size=self.spec.batch_size,
+            batch_readahead=self.spec.lance_torch_readahead,
+        )
+        iterator = iter(batches)
+        try:
+            for _ in range(count):
+                yield to_tensors(pa.Table.from_batches([next(iterator)])), None
+        finally:
+            close_iterator(iterator)
+
+    def close(self) -> None:
+        pass
+
+
 class _TimedSource:
     """Wraps the loader's ``LanceSource`` to time each ``take`` (thread-safe appends)."""
 
@@ -190,11 +229,11 @@ class _LancePrefetch:
             cache = DiskCache(dir=self._cache_dir.name)
         hedge = None if spec.hedge == "none" else "auto"
         readahead: int | str = "auto"
-        read = ReadOptions(hedge=hedge)
+        read = ReadOptions(hedge=hedge, io=spec.io)
         if not spec.defaults:
             readahead = spec.readahead
             read = ReadOptions(
-                max_in_flight=spec.max_in_flight, coalesce=spec.coalesce, hedge=hedge
+                max_in_flight=spec.max_in_flight, coalesce=spec.coalesce, hedge=hedge, io=spec.io
             )
         self.loader = PrefetchLoader(
             Dataset(spec.uri, version=spec.version, storage_options=spec.storage_options),
@@ -262,6 +301,7 @@ _CONTENDERS: dict[str, Callable[[ContenderSpec], Any]] = {
     "sequential": _Sequential,
     "map-style": MapStyle,
     "lance-torch": _LanceTorch,
+    "scan": _Scan,
     "lance-prefetch": _LancePrefetch,
     "prefetch-workers": _PrefetchWorkers,
     "lance-map": LanceMap,
@@ -312,8 +352,10 @@ def _run_iterating(spec: ContenderSpec, tick: Callable[[], None]) -> dict[str, A
     stats = getattr(contender, "pass_stats", {}).get(STEP_EPOCH)
     if stats is not None and stats.epoch is not None:
         notes.append(f"loader.stats() at the end of the step pass: {stats}")
+    coalesce = getattr(getattr(contender, "loader", None), "coalesce", None)
     return {
         "io": _reader_io(spec, contender),
+        **({"coalesce": coalesce} if isinstance(coalesce, int) else {}),
         "setup_s": setup_s,
         "warmup_s": warmup_s,
         "cold_first_batch_s": cold_first_batch_s,
@@ -328,7 +370,8 @@ def _reader_io(spec: ContenderSpec, contender: Any) -> str:
     """The reader the contender's takes went through: ``"uring"`` (Lance's io_uring reader) or
     ``"default"``; the library's own readers say which they use (``io="auto"`` picks io_uring
     on local files where the kernel allows it)."""
-    for owner in (getattr(contender, "loader", None), getattr(contender, "map_dataset", None)):
+    loader = getattr(contender, "loader", None)
+    for owner in (getattr(loader, "_source", None), getattr(contender, "map_dataset", None)):
         io = getattr(owner, "io", None)
         if io in ("uring", "default"):
             return io
@@ -344,11 +387,12 @@ def run_contender(spec: ContenderSpec, tick: Callable[[], None] | None = None) -
 
     Returns:
         dict: ``setup_s``, ``warmup_s``, ``passes`` (``throughput`` and, except for
-        ``ceiling``, ``step``: the metrics listed in this module's docstring), ``ids`` (per
+        the ceilings, ``step``: the metrics listed in this module's docstring), ``ids`` (per
         epoch, see :func:`~lance_prefetch_bench._measure.ids_record`), ``io`` (the reader its
-        takes went through: ``"uring"`` or ``"default"``), ``notes``, ``peak_rss_self_mib`` (this process's peak
-        resident memory) and ``rss_before_mib`` (its resident memory before the contender was
-        built); ``ceiling`` adds ``sweep`` and ``best_concurrency``.
+        takes went through: ``"uring"`` or ``"default"``), ``notes``, ``peak_rss_self_mib``
+        (this process's peak resident memory) and ``rss_before_mib`` (its resident memory before
+        the contender was built); the ceilings add ``sweep`` and ``best_concurrency``,
+        ``coalesced-ceiling`` also ``coalesce`` (batches a take).
     """
     tick = tick or (lambda: None)
     rss_before = rss_mib()
@@ -357,6 +401,10 @@ def run_contender(spec: ContenderSpec, tick: Callable[[], None] | None = None) -
 
         result = run_ceiling(spec, tick)
         result["io"] = _reader_io(spec, None)
+    elif spec.kind == "coalesced-ceiling":
+        from lance_prefetch_bench._ceiling import run_coalesced_ceiling
+
+        result = run_coalesced_ceiling(spec, tick)
     else:
         result = _run_iterating(spec, tick)
     result["rss_before_mib"] = rss_before

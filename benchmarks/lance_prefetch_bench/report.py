@@ -32,16 +32,19 @@ from lance_prefetch_bench.verdicts import (
     PREFETCH,
     best_labels,
     by_name,
+    defaults_vs_best,
     is_ok,
     noise_flags,
     prefetch_runs,
     same_rows_verdict,
     setting_of,
     spread,
+    sweep_winners,
 )
 
 __all__ = [
     "reader_text",
+    "sweep_lines",
     "table_rows",
     "takes_text",
     "to_markdown",
@@ -73,6 +76,8 @@ def _settings_text(contender: Mapping[str, Any]) -> str:
                 text += f" (filled {contender['fill_s']:.1f} s after the first iter())"
         if settings.get("hedge", "auto") != "auto":
             text += f", hedge={settings['hedge']}"
+        if settings.get("io", "auto") != "auto" and not settings.get("defaults"):
+            text += f", io={settings['io']}"
         return text + _failed_rounds_text(contender)
     return _other_settings_text(contender, settings) + _failed_rounds_text(contender)
 
@@ -85,10 +90,16 @@ def _failed_rounds_text(contender: Mapping[str, Any]) -> str:
 
 
 def _other_settings_text(contender: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
-    if contender["name"] == "ceiling" and is_ok(contender):
+    if contender["name"] in ("ceiling", "coalesced-ceiling") and is_ok(contender):
         repeats = settings.get("repeats", 1)
         tried = f"{settings['concurrency']}" + (f" x {repeats} runs" if repeats > 1 else "")
-        return f"{contender['best_concurrency']} threads (best of {tried})"
+        threads = f"{contender['best_concurrency']} threads (best of {tried})"
+        if contender["name"] == "ceiling":
+            return f"one take a batch, {threads}"
+        return (
+            f"the loader defaults' takes: coalesce={contender.get('coalesce')} batches a take, "
+            f"{threads}"
+        )
     if contender["name"] in ("map-style", "lance-map", "lance-map-rows"):
         return f"num_workers={settings['num_workers']}, spawn"
     if contender["name"] == "prefetch-workers":
@@ -98,6 +109,8 @@ def _other_settings_text(contender: Mapping[str, Any], settings: Mapping[str, An
         )
     if contender["name"] == "lance-torch":
         return f"batch_readahead={settings['batch_readahead']}, pseudo-random"
+    if contender["name"] == "scan":
+        return f"to_batches(batch_readahead={settings['batch_readahead']}), disk order"
     if contender["name"] == "grain":
         return f"ReadOptions(num_threads={settings['num_threads']}), one take per index batch"
     if contender["name"] == "spdl":
@@ -114,16 +127,20 @@ def reader_text(contender: Mapping[str, Any]) -> str:
     name = contender["name"]
     if name == "lance-torch":
         return "contiguous scan" + (" (io_uring)" if io == "io_uring" else "")
+    if name == "scan":
+        return "sequential scan" + (" (io_uring)" if io == "io_uring" else "")
     if name in ("grain", "spdl"):
         return f"peer's own, takes through {io}"
     if name == "lancedb-streaming":
-        return "peer's own (LanceDB)"
+        return "peer's own (LanceDB take_offsets)"
     return io
 
 
 def takes_text(contender: Mapping[str, Any], batch_size: int) -> str:
     """``take`` calls a batch: measured for ``lance-prefetch`` (its takes during the throughput
-    pass over its batches; ``1/16``: one take serves 16 batches), else what the contender does."""
+    pass over its batches; ``1/16``: one take serves 16 batches), the size of its takes for
+    ``coalesced-ceiling``, else what the contender does (``lancedb-streaming``: one
+    ``take_offsets`` of 64 rows, its ``read_batch_size``, for every 64 rows of a batch)."""
     name = contender["name"]
     if name == PREFETCH:
         throughput = (contender.get("passes") or {}).get("throughput") or {}
@@ -132,14 +149,19 @@ def takes_text(contender: Mapping[str, Any], batch_size: int) -> str:
             return "n/a"
         value = takes / batches
         return f"1/{1 / value:.0f}" if value < 1 else f"{value:.2g}"
+    coalesce = contender.get("coalesce")
+    if name == "coalesced-ceiling":
+        return "n/a" if coalesce is None else f"1/{coalesce}"
     if name == "prefetch-workers":
-        return f"coalesce={setting_of(contender, 'coalesce', 'auto')}"
+        if coalesce is None:
+            return f"coalesce={setting_of(contender, 'coalesce', 'auto')}"
+        return f"1/{coalesce} at most (resolved; the workers' takes are not counted)"
     if name == "lance-map-rows":
         return f"{batch_size} (a row each)"
-    if name == "lance-torch":
+    if name in ("lance-torch", "scan"):
         return "0 (scan)"
-    if name == "lancedb-streaming":
-        return "n/a (its own reads)"
+    if name == "lancedb-streaming":  # take_offsets of read_batch_size (64) rows of a split
+        return f"{batch_size / 64:.2g} ({64}-row take_offsets)"
     return "1"
 
 
@@ -183,11 +205,14 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
         ]
     ]
     best = set(best_labels(report["contenders"]))
+    winners = {w["label"] for w in sweep_winners(report["contenders"]) if len(w["tried"]) > 1}
     flagged = {label for flag in noise_flags(report["contenders"]) for label in flag["labels"]}
     for contender in report["contenders"]:
         name = display_name(contender)
         if contender["label"] in best:
             name = f"**{name}** (best)"
+        elif contender["label"] in winners:
+            name = f"**{name}** (best of its sweep)"
         elif name != contender["name"]:
             name = f"**{name}**"
         described = [
@@ -249,8 +274,11 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
         "whose shuffle it is when not the plan's; lance-prefetch defaults: the loader given no "
         "tuning arguments, next to the tuned settings",
         "- reader: the Lance reader the takes went through (io_uring, or Lance's default reader), "
-        "a contiguous scan (lance-torch), or a peer's own; takes/batch: take calls per batch "
-        "(measured for lance-prefetch: 1/16 is one coalesced take serving 16 batches)",
+        "a contiguous or sequential scan (lance-torch, scan), or a peer's own; takes/batch: take "
+        "calls per batch (measured for lance-prefetch: 1/16 is one coalesced take serving 16 "
+        "batches); ceiling: one raw take a batch from a thread pool; coalesced-ceiling: the "
+        "loader defaults' own takes (their size, their reader) from a thread pool, no "
+        "conversion: the limit of the loader's take path",
         f"- total run time: {meta['total_s']:.0f} s",
         "",
     ]
@@ -299,6 +327,7 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
             f"{entry['same_batches']} (ids from {', '.join(entry['from'])})"
         )
     lines.extend(f"- {name} not compared: {reason}" for name, reason in check["excluded"].items())
+    lines.extend(sweep_lines(report["contenders"]))
     comparisons = report.get("comparisons", [])
     if comparisons:
         lines += ["", "**Comparisons:**"]
@@ -319,6 +348,37 @@ def to_markdown(report: Mapping[str, Any], *, plot_name: str | None = None) -> s
     if notes:
         lines += ["", "**Notes:**"] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def sweep_lines(contenders: list[Mapping[str, Any]]) -> list[str]:
+    """The Markdown lines naming the winner of each contender's sweep of its own concurrency
+    (:func:`~lance_prefetch_bench.verdicts.sweep_winners`) and the loader's defaults against the
+    best setting of its grid (:func:`~lance_prefetch_bench.verdicts.defaults_vs_best`); none
+    when there is neither."""
+    lines = []
+    winners = sweep_winners(contenders)
+    if winners:
+        lines += ["", "**Sweeps** (each contender at the best of its own concurrency):"]
+        for winner in winners:
+            tried = ", ".join(f"{value}: {rate:,.0f}" for value, rate in winner["tried"])
+            edge = (
+                f"; the {winner['edge']} value tried: a wider sweep may find more"
+                if winner["edge"]
+                else ""
+            )
+            lines.append(
+                f"- {winner['name']}: **{winner['parameter']}={winner['value']}** "
+                f"({winner['rows_per_s']:,.0f} rows/s; tried {tried}{edge})"
+            )
+    versus = defaults_vs_best(contenders)
+    if versus is not None:
+        lines += [
+            "",
+            f"**Defaults vs the best setting:** {versus['ratio']:.2f}x (lance-prefetch defaults "
+            f"{versus['defaults']:,.0f} rows/s, best of {versus['settings']} setting(s): "
+            f"{versus['best_label']} {versus['best']:,.0f} rows/s)",
+        ]
+    return lines
 
 
 # -- plot ------------------------------------------------------------------------------------------
@@ -393,6 +453,7 @@ def write_grid_plot(report: Mapping[str, Any], path: Path) -> bool:
         "sequential": ("black", ":"),
         "map-style": ("tab:red", "--"),
         "ceiling": ("dimgray", "-"),
+        "coalesced-ceiling": ("black", "-"),
         "prefetch-workers": ("tab:green", "--"),
         "lance-map": ("tab:orange", "--"),
         "lance-map-rows": ("tab:brown", ":"),
@@ -401,12 +462,14 @@ def write_grid_plot(report: Mapping[str, Any], path: Path) -> bool:
         "lancedb-streaming": ("tab:pink", "-."),
     }
     for name, (color, style) in baselines.items():
-        contender = by_name(contenders, name)
+        contender = by_name(contenders, name)  # a swept contender: the winner of its sweep
         if contender is None:
             continue
         label = {
             "ceiling": f"ceiling ({contender.get('best_concurrency')} threads)",
-        }.get(name, contender["label"])  # a peer: its first setting
+            "coalesced-ceiling": f"coalesced ceiling ({contender.get('best_concurrency')} "
+            f"threads, 1/{contender.get('coalesce')})",
+        }.get(name, contender["label"])
         line = {"color": color, "linestyle": style, "linewidth": 1.2, "label": label}
         left.axhline(contender["passes"]["throughput"]["rows_per_s"], **line)
         wait = contender["passes"].get("step", {}).get("wait_fraction")

@@ -22,7 +22,7 @@ from typing import Any
 from lance_prefetch.sources._storage import redact
 from lance_prefetch_bench import _environment as environment
 from lance_prefetch_bench._process import sigint_ignored
-from lance_prefetch_bench._spec import KINDS, UNIFORM, ContenderSpec
+from lance_prefetch_bench._spec import KINDS, SWEPT_KINDS, UNIFORM, ContenderSpec
 from lance_prefetch_bench.config import _LOCAL_SCHEMES, BenchConfig, _scheme
 
 __all__ = ["BenchConfig", "BenchInterrupted", "finished_line", "run_bench"]
@@ -30,6 +30,7 @@ __all__ = ["BenchConfig", "BenchInterrupted", "finished_line", "run_bench"]
 logger = logging.getLogger(__name__)
 
 _MIB = 2**20
+CEILINGS = ("ceiling", "coalesced-ceiling")
 
 
 class BenchInterrupted(KeyboardInterrupt):
@@ -294,24 +295,27 @@ def _settings(config: BenchConfig, dataset: Mapping[str, Any]) -> dict[str, Any]
         "repeats": config.repeats,
         "ceiling_concurrency": list(config.ceiling_concurrency),
         "ceiling_repeats": config.ceiling_repeats,
-        "map_workers": config.map_workers,
+        "coalesced_ceiling_concurrency": list(config.coalesced_ceiling_concurrency),
+        "io_grid": list(config.io_grid),
+        "map_workers": list(config.map_workers),
         "grain_threads": list(config.grain_threads),
         "spdl_concurrency": list(config.spdl_concurrency),
         "streaming_splits": list(config.streaming_splits),
         "contenders": list(config.contenders),
+        "sweep_loader": config.sweep_loader,
     }
 
 
 def _plan(config: BenchConfig, base: dict[str, Any]) -> list[tuple[int, str, dict, ContenderSpec]]:
     """(round, label, settings, spec) of each contender process, in the order they run: every
-    contender in round 0, then ``repeats - 1`` rounds of every contender but ``ceiling`` (which
-    repeats itself: ``ceiling_repeats``) and the peers that are not installed, each round's order
+    contender in round 0, then ``repeats - 1`` rounds of every contender but the ceilings (which
+    repeat themselves: ``ceiling_repeats``) and the peers that are not installed, each round's order
     rotated by one more."""
     from lance_prefetch_bench._peer_contenders import missing_peer
 
     runs = _round_zero(config, base)
     repeated = [
-        run for run in runs if run[2].kind != "ceiling" and missing_peer(run[2].kind) is None
+        run for run in runs if run[2].kind not in CEILINGS and missing_peer(run[2].kind) is None
     ]
     for index in range(1, config.repeats if repeated else 1):
         shift = index % len(repeated)
@@ -335,14 +339,9 @@ def _round_zero(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, di
                 spec = ContenderSpec(kind=kind, **settings, **base)
                 runs.append((_prefetch_label(config, settings), settings, spec))
             continue
-        peer = {  # a peer's settings: (its parameter, the spec's field, the values)
-            "grain": ("num_threads", "threads", config.grain_threads),
-            "spdl": ("concurrency", "threads", config.spdl_concurrency),
-            "lancedb-streaming": ("num_splits", "splits", config.streaming_splits),
-        }.get(kind)
-        if peer is not None:
-            parameter, field, values = peer
-            for value in dict.fromkeys(values):
+        if kind in SWEPT_KINDS:  # a peer, or map-style: every value of its concurrency knob
+            parameter, field = SWEPT_KINDS[kind]
+            for value in dict.fromkeys(_sweep_values(config, kind)):
                 spec = ContenderSpec(kind=kind, **{field: value}, **base)
                 runs.append((f"{kind} {parameter}={value}", {parameter: value}, spec))
             continue
@@ -351,16 +350,33 @@ def _round_zero(config: BenchConfig, base: dict[str, Any]) -> list[tuple[str, di
         if kind == "ceiling":
             extra["concurrency"] = settings["concurrency"] = list(config.ceiling_concurrency)
             extra["ceiling_repeats"] = settings["repeats"] = config.ceiling_repeats
-        elif kind in ("map-style", "lance-map", "lance-map-rows"):
-            extra["num_workers"] = settings["num_workers"] = config.map_workers
+        elif kind == "coalesced-ceiling":  # the takes of the loader's defaults
+            extra["concurrency"] = settings["concurrency"] = list(
+                config.coalesced_ceiling_concurrency
+            )
+            extra["ceiling_repeats"] = settings["repeats"] = config.ceiling_repeats
+            extra["defaults"] = True
+            settings |= _loader_defaults()
+        elif kind in ("lance-map", "lance-map-rows"):
+            extra["num_workers"] = settings["num_workers"] = config.map_workers[0]
         elif kind == "prefetch-workers":
             extra["num_workers"] = settings["num_workers"] = 2
             extra["readahead"] = settings["readahead"] = 8
             extra["max_in_flight"] = settings["max_in_flight"] = 4
-        elif kind == "lance-torch":
+        elif kind in ("lance-torch", "scan"):
             settings["batch_readahead"] = 16
         runs.append((kind, settings, ContenderSpec(kind=kind, **extra, **base)))
     return runs
+
+
+def _sweep_values(config: BenchConfig, kind: str) -> tuple[int, ...]:
+    """The values of ``kind``'s concurrency knob the run tries (see :data:`SWEPT_KINDS`)."""
+    return {
+        "map-style": config.map_workers,
+        "grain": config.grain_threads,
+        "spdl": config.spdl_concurrency,
+        "lancedb-streaming": config.streaming_splits,
+    }[kind]
 
 
 def _loader_defaults() -> dict[str, Any]:
@@ -375,6 +391,7 @@ def _loader_defaults() -> dict[str, Any]:
         "readahead": inspect.signature(PrefetchLoader).parameters["readahead"].default,
         "max_in_flight": read.max_in_flight,
         "coalesce": read.coalesce,
+        "io": read.io,
     }
 
 
@@ -389,12 +406,16 @@ def _prefetch_label(config: BenchConfig, settings: Mapping[str, Any]) -> str:
         label += f" {settings['cache']}"
     if settings.get("hedge", "auto") != "auto":
         label += f" hedge={settings['hedge']}"
+    if settings.get("io", "auto") != "auto":
+        label += f" io={settings['io']}"
     return label
 
 
 def _ticks(spec: ContenderSpec) -> int:
     if spec.kind == "ceiling":
         return spec.batches * len(spec.concurrency) * spec.ceiling_repeats
+    if spec.kind == "coalesced-ceiling":  # a tick a take, their number known in its process
+        return 0
     return 2 * spec.batches
 
 

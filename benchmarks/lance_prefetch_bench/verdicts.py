@@ -7,12 +7,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lance_prefetch_bench._spec import SWEPT_KINDS
+
 __all__ = [
     "best_labels",
     "best_prefetch",
     "by_name",
     "check_ids",
     "comparisons",
+    "defaults_vs_best",
     "evaluate_targets",
     "failures",
     "is_ok",
@@ -23,6 +26,7 @@ __all__ = [
     "same_rows_verdict",
     "setting_of",
     "spread",
+    "sweep_winners",
 ]
 
 PREFETCH = "lance-prefetch"
@@ -30,6 +34,7 @@ BASELINES = ("sequential", "map-style", "lance-torch", "ceiling")
 EXCLUDED_FROM_IDS = {
     "lance-torch": "pseudo-random sampler of its own (shuffled contiguous ranges), so it cannot "
     "read the plan's batches",
+    "scan": "a sequential scan in disk order, not the plan's batches",
     "grain": "Grain's own global index shuffle (uniform), not the plan's batches",
     "lancedb-streaming": "its own permutation (uniform), not the plan's batches",
 }
@@ -162,11 +167,10 @@ def failures(contenders: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def by_name(contenders: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
-    """The first contender called ``name`` that ran without an error, or ``None``."""
-    for contender in contenders:
-        if contender["name"] == name and is_ok(contender):
-            return contender
-    return None
+    """The contender called ``name`` with the most rows/s among those that ran without an error
+    (a swept contender's best setting; see :func:`sweep_winners`), or ``None``."""
+    ran = [c for c in contenders if c["name"] == name and is_ok(c)]
+    return max(ran, key=lambda c: c["passes"]["throughput"]["rows_per_s"], default=None)
 
 
 def _rows_per_s(contender: Mapping[str, Any] | None) -> float | None:
@@ -438,6 +442,7 @@ def _identity(contender: Mapping[str, Any]) -> tuple[Any, ...]:
             ("coalesce", "auto"),
             ("cache", "none"),
             ("hedge", "auto"),
+            ("io", "auto"),
         )
     )
 
@@ -508,3 +513,68 @@ def comparisons(contenders: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return found
+
+
+def sweep_winners(contenders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """For each contender swept over its own concurrency knob (those of
+    :data:`~lance_prefetch_bench._spec.SWEPT_KINDS`; rows of one name, one setting each), the
+    setting with the most rows/s (the median of its runs) among those that ran.
+
+    Returns:
+        list[dict]: per name, in order of first appearance: ``name``, ``parameter`` (the knob),
+        ``value`` and ``label`` of the winner, ``rows_per_s`` (its rows/s), ``tried`` (each
+        setting that ran, in run order, as ``(value, rows/s)``) and ``edge`` (``"highest"`` or
+        ``"lowest"`` when the winner is the highest or lowest of two or more values tried, so a
+        wider sweep may find more; else ``None``); names none of whose settings ran are left out.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for contender in contenders:
+        if contender["name"] not in SWEPT_KINDS or not is_ok(contender):
+            continue
+        parameter = SWEPT_KINDS[contender["name"]][0]
+        value = setting_of(contender, parameter, None)
+        rate = contender["passes"]["throughput"]["rows_per_s"]
+        entry = found.setdefault(
+            contender["name"],
+            {"name": contender["name"], "parameter": parameter, "tried": [], "rows_per_s": -1.0},
+        )
+        entry["tried"].append((value, rate))
+        if rate > entry["rows_per_s"]:
+            entry.update(value=value, label=contender["label"], rows_per_s=rate)
+    for entry in found.values():
+        values = [value for value, _ in entry["tried"]]
+        entry["edge"] = None
+        if len(set(values)) > 1 and entry["value"] in (max(values), min(values)):
+            entry["edge"] = "highest" if entry["value"] == max(values) else "lowest"
+    return list(found.values())
+
+
+def defaults_vs_best(contenders: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The loader's defaults (``lance-prefetch defaults``) against the best setting of the grid
+    without a cache (:func:`best_prefetch`), or ``None`` when either did not run.
+
+    Returns:
+        dict: ``defaults`` and ``best`` (rows/s), ``best_label``, ``ratio`` (defaults / best:
+        ``1.0`` or more when no setting of the grid read more) and ``settings`` (the grid
+        settings compared, without the defaults).
+    """
+    defaults = next(
+        (
+            c
+            for c in contenders
+            if c["name"] == PREFETCH and is_ok(c) and setting_of(c, "defaults", False)
+        ),
+        None,
+    )
+    best = best_prefetch(contenders)
+    if defaults is None or best is None:
+        return None
+    rate, best_rate = _rows_per_s(defaults), _rows_per_s(best)
+    assert rate is not None and best_rate is not None
+    return {
+        "defaults": rate,
+        "best": best_rate,
+        "best_label": best["label"],
+        "ratio": rate / best_rate,
+        "settings": len(prefetch_runs(contenders)),
+    }
