@@ -122,6 +122,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         cache = "memory"
     timeline: list[Sample] = []
     events: dict[str, float] = {}
+    depths: list[tuple[int, int]] = []  # (readahead, max_in_flight) every 0.5 s
     stop = threading.Event()
     start = time.perf_counter()
     loader: Any = None
@@ -139,6 +140,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 stats = loader.stats()
                 taken = stats.rows + stats.queue_depth * spec["batch_size"]
                 timeline.append(Sample(now, rows, stats.epoch, taken, stats.cache_hit_ratio))
+                if stats.readahead:  # while an iteration runs: the tuner's bounds now
+                    depths.append((stats.readahead, stats.max_in_flight))
                 if kind == "memory" and "filled" not in events and _served(timeline):
                     events["filled"] = timeline[-2].seconds
 
@@ -198,7 +201,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "seconds": elapsed,
         "coalesce": loader.coalesce,
         "rows_per_take": loader.coalesce * spec["batch_size"],
-        "readahead": stats.readahead,
+        "readahead": depths[-1][0] if depths else None,  # the latest while reading
+        "max_in_flight": depths[-1][1] if depths else None,
         "cache_hit_ratio": stats.cache_hit_ratio,
         "take_ms_p50": None if stats.take_ms_p50 != stats.take_ms_p50 else stats.take_ms_p50,
         "fill_s": events.get("filled"),
