@@ -417,6 +417,11 @@ def run_local(
     return {"eviction_checks": checks}
 
 
+def percent(fraction: float) -> str:
+    """``0.000128`` -> ``"0.0128%"``: three significant digits, however small."""
+    return f"{100 * fraction:.3g}%"
+
+
 def _number(value: Any, digits: int = 0) -> str:
     if value is None:
         return "-"
@@ -454,7 +459,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
                 f"{r['rows']:,}",
                 r["contender"],
                 _number(r["rows_per_take"]),
-                f"{r['density']:.2%}",
+                percent(r["density"]),
                 _number(r["rows_per_s"]),
                 _number(r["warmup_rows_per_s"]),
                 _number(r["peak_rss_mib"]),
@@ -510,7 +515,7 @@ def gain_table(found: Sequence[dict[str, Any]]) -> str:
         cells = [
             f"{g['rows']:,}",
             _number(g["rows_per_take"]),
-            f"{g['density']:.2%}",
+            percent(g["density"]),
             _number(g["rows_per_s"]),
             _number(g["coalesce_1_rows_per_s"]),
             f"{g['gain']:.2f}x",

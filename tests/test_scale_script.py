@@ -58,6 +58,15 @@ def test_sizes_take_k_m_g_suffixes(scale):
             scale.parse_size(bad)
 
 
+def test_densities_keep_three_significant_digits(scale):
+    assert [scale.percent(x) for x in (0.0205, 0.000128, 4096 / 20_000_000, 1.0)] == [
+        "2.05%",
+        "0.0128%",
+        "0.0205%",
+        "100%",
+    ]
+
+
 def test_a_fill_is_seen_when_a_samples_new_takes_are_hits(scale):
     """Served: the rows taken since the previous sample of the same iteration were hits (hit
     ratio x rows taken), or a new iteration's own ratio is 1; not while takes still miss."""
@@ -138,7 +147,7 @@ def test_local_run_reports_cold_and_warm_defaults(scale, tmp_path):
         _check_figures(result)
         line = lines[result["contender"]]
         assert line[3] == f"{result['rows_per_take']:,}"
-        assert line[4] == f"{result['density']:.2%}"
+        assert line[4] == scale.percent(result["density"])
         assert line[5] == f"{result['rows_per_s']:,.0f}"
     check = report["local"]["eviction_checks"][str(ROWS)]
     assert check["bytes"] == sum(
