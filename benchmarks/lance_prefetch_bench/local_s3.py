@@ -161,6 +161,8 @@ class LocalS3:
         endpoint (str): ``http://127.0.0.1:PORT`` of the latency proxy (or of nginx without one).
         server_endpoint (str): nginx's own endpoint, without added latency.
         bucket (str): the bucket.
+        root (pathlib.Path): the folder served: an object ``BUCKET/KEY`` is the file
+            ``root / BUCKET / KEY`` (a file linked there is served as it is).
         pids (list[int]): the processes started (all stopped on exit).
         ports (list[int]): the ports they listen on.
 
@@ -182,6 +184,7 @@ class LocalS3:
         self.access_key = "lance-prefetch-bench"
         self.secret_key = secrets.token_hex(16)
         self.endpoint = self.server_endpoint = ""
+        self.root = Path()
         self.pids: list[int] = []
         self.ports: list[int] = []
         self._stack = contextlib.ExitStack()
@@ -221,6 +224,7 @@ class LocalS3:
         work = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="lance-s3-")))
         root = work / "root"
         (root / self.bucket).mkdir(parents=True)
+        self.root = root
         rclone_port = self._start_rclone(rclone, work, root)
         nginx_port = self._start_nginx(nginx, work, root, rclone_port)
         self.server_endpoint = f"http://127.0.0.1:{nginx_port}"
