@@ -243,6 +243,12 @@ def garble_record(copy: Path) -> str:
     )
 
 
+def dangling_link(copy: Path) -> str:
+    shutil.rmtree(copy)
+    copy.symlink_to(copy.parent / "moved-away")  # a link to a copy moved, then removed
+    return f"it has no {RECORD} (it was damaged, or made by an older lance_prefetch)"
+
+
 #: Each damage: it damages the copy and returns the reason the warning must give.
 DAMAGES = {
     "data file truncated": truncate_data,
@@ -253,6 +259,7 @@ DAMAGES = {
     "layout removed": remove_layout,
     "record removed": remove_record,
     "record garbled": garble_record,
+    "copy a dangling link": dangling_link,
 }
 
 

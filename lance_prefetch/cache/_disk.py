@@ -222,7 +222,7 @@ class DiskCache(FillingCache):
             raise self._unwritable(exc) from exc
         try:
             remove_leftovers(self.cache_dir, self.path.name)
-            if self.path.exists():
+            if os.path.lexists(self.path):  # also a link to nothing: set aside, not renamed onto
                 problem = check_copy(self.path, self._about())
                 if problem is None:  # made (or made again) by another process
                     return

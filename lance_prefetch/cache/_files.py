@@ -152,7 +152,10 @@ def set_aside(copy: Path) -> None:
             f"({type(exc).__name__}: {exc}); delete it, or pass another "
             f"cache=DiskCache(dir=...)"
         ) from exc
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside.is_symlink():  # the link only, never what it points to
+        aside.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def is_disk_full(error: BaseException) -> bool:
