@@ -21,7 +21,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.disks import LANCE_ENOSPC, RAW_ENOSPC, SmallDisk
+from support.disks import LANCE_ENOSPC, RAW_ENOSPC, ReadOnlyFolder, SmallDisk
 from support.fakes import ids_table
 from support.helpers import batch_ids, checkout_env, expected_rank_ids
 from support.sources import Tap, tapped
@@ -331,6 +331,37 @@ def test_a_copy_in_the_layout_of_an_older_version_is_filled_again(mixed_1003, tm
         loader._source.fill()
     assert sorted(p.name for p in copy.iterdir()) == [RECORD, "columns", LAYOUT, ROWS]
     assert ids_and_names(list(loader)) == expected_rank_ids(loader)  # from the new copy
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["mount", "injected"])
+def test_a_copy_copied_to_a_read_only_folder_is_read_checked_and_opened(
+    mixed_1003, tmp_path, monkeypatch, kind
+):
+    """A copy copied elsewhere (every file with a new stamp) and served from a read-only folder
+    (a read-only bind mount where this machine may mount, else injected EROFS): its files are
+    read once to check them, the record cannot be restamped there, and the copy is opened
+    all the same; no fill, exact rows, the record untouched."""
+    made = tmp_path / "made"
+    first = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=made))
+    assert read(first) == expected_rank_ids(first)
+    shutil.copytree(made, tmp_path / "shared", copy_function=shutil.copy)  # new stamps
+    with ReadOnlyFolder(
+        tmp_path / "shared", tmp_path / "read-only", kind=kind, monkeypatch=monkeypatch
+    ) as folder:
+        assert not (kind == "injected" and folder.mounted)  # "mount" mounts where it may (here)
+        copy = folder.path / first._source.path.name
+        record = (copy / RECORD).read_bytes()
+        with tapped() as tap:
+            loader = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=folder.path), seed=3)
+        assert ids_and_names(list(loader)) == expected_rank_ids(loader)
+        loader._source.fill()
+        assert loader._source.cached and tap.copies == 0
+        assert ids_and_names(list(loader)) == expected_rank_ids(loader)  # from the copy
+        assert (copy / RECORD).read_bytes() == record
+        assert sorted(p.name for p in folder.path.iterdir()) == sorted(
+            p.name for p in made.iterdir()
+        )
 
 
 @pytest.mark.timeout(60)

@@ -16,6 +16,7 @@ and a change made within the timestamp granularity of the fill's last write (mil
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -206,4 +207,7 @@ def _replace_record(copy: Path, record: dict[str, Any]) -> None:
         temporary.write_text(json.dumps(record, sort_keys=True))
         os.replace(temporary, copy / RECORD)
     except OSError:  # a read-only cache, a full disk: the next open checks again
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(
+            OSError
+        ):  # on a read-only mount even a missing file's unlink fails
+            temporary.unlink(missing_ok=True)
