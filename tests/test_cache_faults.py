@@ -249,6 +249,15 @@ def dangling_link(copy: Path) -> str:
     return f"it has no {RECORD} (it was damaged, or made by an older lance_prefetch)"
 
 
+def file_in_place(copy: Path) -> str:
+    shutil.rmtree(copy)
+    copy.write_text("not a copy")
+    return (
+        f"its {RECORD} cannot be read (NotADirectoryError: [Errno 20] Not a directory: "
+        f"'{copy / RECORD}')"
+    )
+
+
 #: Each damage: it damages the copy and returns the reason the warning must give.
 DAMAGES = {
     "data file truncated": truncate_data,
@@ -260,6 +269,7 @@ DAMAGES = {
     "record removed": remove_record,
     "record garbled": garble_record,
     "copy a dangling link": dangling_link,
+    "copy a file": file_in_place,
 }
 
 

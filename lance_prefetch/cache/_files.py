@@ -138,8 +138,9 @@ def remove_leftovers(cache_dir: Path, name: str) -> None:
 
 
 def set_aside(copy: Path) -> None:
-    """Remove the damaged copy at ``copy``: renamed away first (atomic: the path then holds
-    nothing until the new copy is published), then deleted.
+    """Remove the damaged copy at ``copy`` (a folder, or a file or link found in its place):
+    renamed away first (atomic: the path then holds nothing until the new copy is published),
+    then deleted.
 
     Raises:
         OSError: it cannot be renamed (the message names the path and the fix).
@@ -153,10 +154,11 @@ def set_aside(copy: Path) -> None:
             f"({type(exc).__name__}: {exc}); delete it, or pass another "
             f"cache=DiskCache(dir=...)"
         ) from exc
-    if aside.is_symlink():  # the link only, never what it points to
-        aside.unlink(missing_ok=True)
-    else:
+    if aside.is_dir() and not aside.is_symlink():
         shutil.rmtree(aside, ignore_errors=True)
+    else:  # a file, or a link (the link only, never what it points to)
+        with contextlib.suppress(OSError):
+            aside.unlink()
 
 
 def is_disk_full(error: BaseException) -> bool:
