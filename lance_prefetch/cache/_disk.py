@@ -13,8 +13,8 @@ exactness and resuming do not change.
   cache gathers batches straight into tensors (see :mod:`~lance_prefetch.cache._memory`).
 - :class:`DiskCache` (``cache="disk"``) copies the rows once to a local folder under
   ``cache_dir``, named by the URI, version, commit time and columns: each fixed-width column
-  (numbers, bools, fixed-size lists, tensors; no nulls) as a raw file of its values
-  (:mod:`~lance_prefetch.cache._columns`), every other column in a Lance dataset inside the
+  (numbers, bools, fixed-size lists, tensors; no nulls; the first 256) as a raw file of its
+  values (:mod:`~lance_prefetch.cache._columns`), every other column in a Lance dataset inside the
   copy (``rows.lance``). Each process maps the raw files (``mmap``, read-only), so a batch of
   them is a ``numpy.take`` from memory the page cache holds once for every process and worker,
   gathered straight into tensors (:meth:`DiskCache.gather`); the Lance part is read by
