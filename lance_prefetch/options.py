@@ -275,7 +275,8 @@ class MemoryCache:
         max_bytes (int, optional): refuse at construction (``ValueError``) a dataset whose
             selected rows take more bytes than this (estimated from the fixed-width columns
             and, otherwise, from Lance's statistics). Default: ``None``, half of this
-            machine's physical memory.
+            machine's physical memory, or of its control group's (container's) memory limit
+            where that is lower.
 
     Raises:
         TypeError, ValueError: ``max_bytes`` is not an integer ``>= 1``.

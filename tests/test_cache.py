@@ -338,6 +338,27 @@ def test_the_cache_dir_is_checked_after_expanding_the_home_and_kept_absolute(
     assert batch_ids(loader) == expected_rank_ids(loader)
 
 
+def test_the_default_cache_bytes_is_half_the_memory_or_of_a_lower_cgroup_limit(
+    tmp_path, monkeypatch
+):
+    """Half of the physical memory, or of the control group's memory limit where it is lower
+    (a container); v2's ``max``, v1's "unlimited" and a missing file are no limit."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(_disk, "CGROUP_LIMITS", (str(v2), str(v1)))
+    assert _disk.default_cache_bytes() == physical // 2  # neither file
+    v2.write_text("max\n")
+    v1.write_text("9223372036854771712\n")
+    assert _disk.default_cache_bytes() == physical // 2
+    v1.write_text(f"{3 << 30}\n")
+    assert _disk.default_cache_bytes() == 3 << 29
+    v2.write_text(f"{1 << 30}\n")
+    assert _disk.default_cache_bytes() == 1 << 29
+    v2.write_text(f"{physical * 4}\n")  # a limit above the machine's memory
+    v1.unlink()
+    assert _disk.default_cache_bytes() == physical // 2
+
+
 def test_memory_source_takes_check_offsets(ids_1003):
     source = _disk.MemoryCache(LanceSource(ids_1003), 1 << 20)
     with pytest.raises(IndexError, match=r"row offsets must be in \[0, 1003\)"):

@@ -75,6 +75,7 @@ from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch.sources._options import SourceOptions
 
 __all__ = [
+    "CGROUP_LIMITS",
     "DiskCache",
     "LocalCopy",
     "MemoryCache",
@@ -88,12 +89,35 @@ __all__ = [
 ROWS = "rows.lance"
 
 
+#: The memory limit of this process's control group (v2, then v1), where Linux has one.
+CGROUP_LIMITS = (
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+)
+
+
 def default_cache_bytes() -> int:
-    """Half of this machine's physical memory, in bytes (the default ``cache_bytes``)."""
+    """Half of the memory this process may use, in bytes (the default ``cache_bytes``): of this
+    machine's physical memory, or of its control group's limit when that is lower (a container
+    given less than the machine has)."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not POSIX: a conservative 4 GiB
         return 4 << 30
+    return min([memory, *_cgroup_limits()]) // 2
+
+
+def _cgroup_limits() -> list[int]:
+    """The limits of :data:`CGROUP_LIMITS` that are set (``max``, a missing file and v1's
+    "unlimited", a number near 2**63, are none)."""
+    limits = []
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as file:
+                limits.append(int(file.read().strip()))
+        except (OSError, ValueError):  # none here, or "max"
+            continue
+    return [limit for limit in limits if 0 < limit < 1 << 62]
 
 
 def default_cache_dir() -> Path:
