@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import lance
@@ -372,6 +373,32 @@ def test_a_copy_copied_to_a_read_only_folder_is_read_checked_and_opened(
         assert sorted(p.name for p in folder.path.iterdir()) == sorted(
             p.name for p in made.iterdir()
         )
+
+
+@pytest.mark.timeout(60)
+def test_a_fill_waiting_for_another_processs_fill_stops_at_once_when_asked(mixed_1003, tmp_path):
+    """Another process holds the copy's lock (filling it): this one reads the dataset, exact
+    rows; its fill waits, and stops within a poll of the lock when asked (as at exit), not
+    after the exit wait; nothing is left. Once the lock is free, a new loader's fill makes
+    the copy."""
+    loader = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    lock = loader._source.path.with_suffix(".lock")
+    with open(lock, "a") as other:  # another open file: flock conflicts as another process's
+        fcntl.flock(other, fcntl.LOCK_EX)
+        assert ids_and_names(list(loader)) == expected_rank_ids(loader)
+        filling = loader._source._filling
+        assert filling.started and not filling.done  # waiting for the lock
+        began = time.monotonic()
+        filling.close()  # what the exit hook does
+        assert filling.done and time.monotonic() - began < 0.5
+        assert filling.error is None and not loader._source.cached
+        fcntl.flock(other, fcntl.LOCK_UN)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [lock.name]
+    again = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=tmp_path / "cache"), seed=2)
+    again._source.fill()
+    assert ids_and_names(list(again)) == expected_rank_ids(again)  # from the copy
+    assert lock_is_free(lock)
 
 
 @pytest.mark.timeout(60)

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from lance_prefetch._validate import check_folder
 from lance_prefetch.cache._columns import ColumnFiles, ColumnWriter, HeldNull, raw_columns
@@ -77,6 +77,7 @@ from lance_prefetch.sources._options import SourceOptions
 __all__ = [
     "CGROUP_LIMITS",
     "DiskCache",
+    "LOCK_POLL_S",
     "LocalCopy",
     "MemoryCache",
     "ROWS",
@@ -87,6 +88,8 @@ __all__ = [
 
 #: The Lance part of a copy (the columns not stored raw), a folder in the copy.
 ROWS = "rows.lance"
+#: How often a fill waiting for another process's fill checks whether it should stop, seconds.
+LOCK_POLL_S = 0.1
 
 
 #: The memory limit of this process's control group (v2, then v1), where Linux has one.
@@ -241,7 +244,7 @@ class DiskCache(FillingCache):
         lock = FileLock(self.path.with_suffix(".lock"))
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            lock.acquire()  # another process may be copying: wait
+            _acquire(lock, stopping)  # another process may be copying: wait
         except OSError as exc:
             raise self._unwritable(exc) from exc
         try:
@@ -488,6 +491,23 @@ def with_cache(
     if cache == "disk":
         return DiskCache(source, default_cache_dir() if cache_dir is None else cache_dir)
     return source
+
+
+def _acquire(lock: FileLock, stopping: threading.Event | None) -> None:
+    """Wait for ``lock`` (held by another process's fill), checking ``stopping`` every
+    :data:`LOCK_POLL_S` seconds: a process that ends meanwhile is not held up by the wait.
+
+    Raises:
+        FillStopped: ``stopping`` was set first.
+        OSError: the lock's file cannot be made.
+    """
+    while True:
+        try:
+            lock.acquire(timeout=LOCK_POLL_S)
+            return
+        except Timeout:
+            if stopping is not None and stopping.is_set():
+                raise FillStopped from None
 
 
 def _disk_full(cache_dir: Path, source: LanceSource) -> OSError:
