@@ -310,8 +310,8 @@ def check_folder(name: str, value: Any) -> Any:
     ancestor is a folder (a ``stat`` or two; nothing is created here).
 
     Raises:
-        TypeError: not a path. ValueError: empty, something other than a folder (a file, a
-            device), or below something other than a folder.
+        TypeError: not a path. ValueError: empty, holding a NUL character, something other
+            than a folder (a file, a device), or below something other than a folder.
     """
     if value is None:
         return None
@@ -319,7 +319,9 @@ def check_folder(name: str, value: Any) -> Any:
         raise TypeError(f"{name} should be a path (str or os.PathLike), got {value!r}")
     path = os.fspath(value)
     problem = ""
-    if path and os.path.lexists(path):
+    if "\x00" in os.fsdecode(path):  # no OS path holds one (os.stat would raise ValueError)
+        problem = ", which holds a NUL character"
+    elif path and os.path.lexists(path):
         problem = "" if os.path.isdir(path) else ", which is not a folder"
     elif path:
         parent = os.path.dirname(os.path.abspath(path))

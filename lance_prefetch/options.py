@@ -275,7 +275,8 @@ class MemoryCache:
         max_bytes (int, optional): refuse at construction (``ValueError``) a dataset whose
             selected rows take more bytes than this (estimated from the fixed-width columns
             and, otherwise, from Lance's statistics). Default: ``None``, half of this
-            machine's physical memory.
+            machine's physical memory, or of its control group's (container's) memory limit
+            where that is lower.
 
     Raises:
         TypeError, ValueError: ``max_bytes`` is not an integer ``>= 1``.
@@ -298,19 +299,22 @@ class DiskCache:
 
     Args:
         dir (str | os.PathLike, optional): the folder that holds the copies (one per dataset
-            and version). Default: ``None``, ``$LANCE_PREFETCH_CACHE_DIR``, else
-            ``$XDG_CACHE_HOME/lance-prefetch``, else ``~/.cache/lance-prefetch``.
+            and version); a leading ``~`` is expanded and a relative path made absolute here
+            (so a later ``os.chdir`` does not move it). Default: ``None``,
+            ``$LANCE_PREFETCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/lance-prefetch``, else
+            ``~/.cache/lance-prefetch``.
 
     Raises:
         TypeError: ``dir`` is not a ``str`` or ``os.PathLike``.
-        ValueError: ``dir`` exists and is not a folder.
+        ValueError: ``dir`` is empty, or it (or its nearest existing ancestor) is not a folder.
     """
 
     dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         if self.dir is not None:
-            _set(self, "dir", os.fspath(_in(type(self), check_folder, "dir", self.dir)))
+            folder = _in(type(self), check_folder, "dir", _absolute(self.dir))
+            _set(self, "dir", os.fspath(folder))
 
 
 @dataclass(frozen=True)
@@ -435,6 +439,16 @@ def _is_lance_dataset(value: Any) -> bool:
         cls.__name__ == "LanceDataset" and cls.__module__.startswith("lance")
         for cls in type(value).__mro__
     )
+
+
+def _absolute(path: Any) -> Any:
+    """``path`` with ``~`` expanded, made absolute, if it is a non-empty path (anything else
+    as it is, for the check to name it)."""
+    if isinstance(path, (str, os.PathLike)):
+        text = os.fspath(path)
+        if isinstance(text, str) and text and "\x00" not in text:
+            return os.path.abspath(os.path.expanduser(text))
+    return path
 
 
 def _set(options: object, name: str, value: Any) -> None:

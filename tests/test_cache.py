@@ -312,6 +312,53 @@ def test_the_loader_refuses_a_bad_cache_before_any_io(cache):
         PrefetchLoader("/nonexistent/data.lance", 10, cache=cache)
 
 
+def test_the_cache_dir_is_checked_after_expanding_the_home_and_kept_absolute(
+    ids_25, monkeypatch, tmp_path
+):
+    """``~`` is the home in the check too (a file there is refused at construction, not at the
+    fill); a NUL is refused; a relative folder is made absolute, so a later ``chdir`` (as
+    Hydra's) does not move the copy."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError) as info:
+        DiskCache(dir="~/file/cache")
+    assert str(info.value) == (
+        f"DiskCache: dir should be a folder (created if missing), but got "
+        f"dir='{tmp_path}/file/cache', below '{tmp_path}/file', which is not a folder; pass a "
+        f"folder this process can write"
+    )
+    with pytest.raises(ValueError, match=r"^DiskCache: dir should be a folder .* got dir='c\\x00'"):
+        DiskCache(dir="c\x00")
+    monkeypatch.chdir(tmp_path)
+    loader = PrefetchLoader(ids_25, 5, cache=DiskCache(dir="relative"))
+    assert loader.config.cache == DiskCache(dir=str(tmp_path / "relative"))
+    monkeypatch.chdir(tmp_path / "..")
+    loader._source.fill()
+    assert loader._source.path.parent == tmp_path / "relative"
+    assert batch_ids(loader) == expected_rank_ids(loader)
+
+
+def test_the_default_cache_bytes_is_half_the_memory_or_of_a_lower_cgroup_limit(
+    tmp_path, monkeypatch
+):
+    """Half of the physical memory, or of the control group's memory limit where it is lower
+    (a container); v2's ``max``, v1's "unlimited" and a missing file are no limit."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(_disk, "CGROUP_LIMITS", (str(v2), str(v1)))
+    assert _disk.default_cache_bytes() == physical // 2  # neither file
+    v2.write_text("max\n")
+    v1.write_text("9223372036854771712\n")
+    assert _disk.default_cache_bytes() == physical // 2
+    v1.write_text(f"{3 << 30}\n")
+    assert _disk.default_cache_bytes() == 3 << 29
+    v2.write_text(f"{1 << 30}\n")
+    assert _disk.default_cache_bytes() == 1 << 29
+    v2.write_text(f"{physical * 4}\n")  # a limit above the machine's memory
+    v1.unlink()
+    assert _disk.default_cache_bytes() == physical // 2
+
+
 def test_memory_source_takes_check_offsets(ids_1003):
     source = _disk.MemoryCache(LanceSource(ids_1003), 1 << 20)
     with pytest.raises(IndexError, match=r"row offsets must be in \[0, 1003\)"):

@@ -5,9 +5,12 @@ Lance part; the mapped files are opened per process (spawn workers map their own
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
+import os
 import pickle
+from pathlib import Path
 
 import lance
 import numpy as np
@@ -18,7 +21,7 @@ from support.helpers import batch_ids, collect, expected_rank_ids
 
 from lance_prefetch import DiskCache, PrefetchLoader
 from lance_prefetch.cache import _disk
-from lance_prefetch.cache._columns import LAYOUT, ColumnFiles
+from lance_prefetch.cache._columns import LAYOUT, MAX_FILES, ColumnFiles
 from lance_prefetch.cache._disk import ROWS
 from lance_prefetch.convert import to_tensors
 
@@ -155,6 +158,41 @@ def test_a_fixed_width_column_holding_a_null_stays_in_the_lance_part(tmp_path):
     pairs = loader._source.gather(np.array([3, 2])).values["pair"].tolist()
     assert str(pairs) == "[[6.0, nan], [4.0, 5.0]]"  # a null float is NaN, as to_tensors says
     assert loader._source.gather(np.array([3, 9000])) is None  # the batch's conversion fails
+
+
+def open_files(folder: Path) -> list[str]:
+    """The files under ``folder`` that this process holds descriptors of, one entry each."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(f"{folder}/"):
+                found.append(target.removeprefix(f"{folder}/"))
+    return sorted(found)
+
+
+def test_a_wide_table_stores_the_first_256_fixed_width_columns_raw_one_descriptor_each(tmp_path):
+    """300 float columns and an id: the id and the first 255 floats are raw files (the fill and
+    each reader hold one descriptor a file, under a soft limit of 1,024 open files), the other
+    45 are in the Lance part; every value is the dataset's."""
+    table = pa.table(
+        {"id": np.arange(40), **{f"c{i}": np.arange(40) * 1000.0 + i for i in range(300)}}
+    )
+    uri = str(tmp_path / "wide.lance")
+    lance.write_dataset(table, uri)
+    loader = PrefetchLoader(uri, 8, seed=1, cache=DiskCache(dir=tmp_path / "c"))
+    loader._source.fill()
+    assert MAX_FILES == 256
+    assert layout(loader) == ["id"] + [f"c{i}" for i in range(255)]
+    assert open_files(loader._source.path / "columns") == sorted(f"{i}.raw" for i in range(256))
+    indices = np.array([39, 0, 17, 17])
+    expected = PrefetchLoader(uri, 8)._source.take(indices)
+    assert loader._source.take(indices).equals(expected)
+    batches = list(loader)
+    assert batch_ids(batches) == expected_rank_ids(loader)
+    for batch in batches:
+        assert batch["c299"].tolist() == (batch["id"] * 1000.0 + 299).tolist()
+        assert batch["c254"].tolist() == (batch["id"] * 1000.0 + 254).tolist()
 
 
 def test_the_cache_pickles_without_its_mappings_and_spawn_workers_map_their_own(typed, tmp_path):

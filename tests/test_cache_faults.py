@@ -15,13 +15,14 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.disks import LANCE_ENOSPC, RAW_ENOSPC, SmallDisk
+from support.disks import LANCE_ENOSPC, RAW_ENOSPC, ReadOnlyFolder, SmallDisk
 from support.fakes import ids_table
 from support.helpers import batch_ids, checkout_env, expected_rank_ids
 from support.sources import Tap, tapped
@@ -243,6 +244,21 @@ def garble_record(copy: Path) -> str:
     )
 
 
+def dangling_link(copy: Path) -> str:
+    shutil.rmtree(copy)
+    copy.symlink_to(copy.parent / "moved-away")  # a link to a copy moved, then removed
+    return f"it has no {RECORD} (it was damaged, or made by an older lance_prefetch)"
+
+
+def file_in_place(copy: Path) -> str:
+    shutil.rmtree(copy)
+    copy.write_text("not a copy")
+    return (
+        f"its {RECORD} cannot be read (NotADirectoryError: [Errno 20] Not a directory: "
+        f"'{copy / RECORD}')"
+    )
+
+
 #: Each damage: it damages the copy and returns the reason the warning must give.
 DAMAGES = {
     "data file truncated": truncate_data,
@@ -253,6 +269,8 @@ DAMAGES = {
     "layout removed": remove_layout,
     "record removed": remove_record,
     "record garbled": garble_record,
+    "copy a dangling link": dangling_link,
+    "copy a file": file_in_place,
 }
 
 
@@ -324,6 +342,63 @@ def test_a_copy_in_the_layout_of_an_older_version_is_filled_again(mixed_1003, tm
         loader._source.fill()
     assert sorted(p.name for p in copy.iterdir()) == [RECORD, "columns", LAYOUT, ROWS]
     assert ids_and_names(list(loader)) == expected_rank_ids(loader)  # from the new copy
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["mount", "injected"])
+def test_a_copy_copied_to_a_read_only_folder_is_read_checked_and_opened(
+    mixed_1003, tmp_path, monkeypatch, kind
+):
+    """A copy copied elsewhere (every file with a new stamp) and served from a read-only folder
+    (a read-only bind mount where this machine may mount, else injected EROFS): its files are
+    read once to check them, the record cannot be restamped there, and the copy is opened
+    all the same; no fill, exact rows, the record untouched."""
+    made = tmp_path / "made"
+    first = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=made))
+    assert read(first) == expected_rank_ids(first)
+    shutil.copytree(made, tmp_path / "shared", copy_function=shutil.copy)  # new stamps
+    with ReadOnlyFolder(
+        tmp_path / "shared", tmp_path / "read-only", kind=kind, monkeypatch=monkeypatch
+    ) as folder:
+        assert not (kind == "injected" and folder.mounted)  # "mount" mounts where it may (here)
+        copy = folder.path / first._source.path.name
+        record = (copy / RECORD).read_bytes()
+        with tapped() as tap:
+            loader = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=folder.path), seed=3)
+        assert ids_and_names(list(loader)) == expected_rank_ids(loader)
+        loader._source.fill()
+        assert loader._source.cached and tap.copies == 0
+        assert ids_and_names(list(loader)) == expected_rank_ids(loader)  # from the copy
+        assert (copy / RECORD).read_bytes() == record
+        assert sorted(p.name for p in folder.path.iterdir()) == sorted(
+            p.name for p in made.iterdir()
+        )
+
+
+@pytest.mark.timeout(60)
+def test_a_fill_waiting_for_another_processs_fill_stops_at_once_when_asked(mixed_1003, tmp_path):
+    """Another process holds the copy's lock (filling it): this one reads the dataset, exact
+    rows; its fill waits, and stops within a poll of the lock when asked (as at exit), not
+    after the exit wait; nothing is left. Once the lock is free, a new loader's fill makes
+    the copy."""
+    loader = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    lock = loader._source.path.with_suffix(".lock")
+    with open(lock, "a") as other:  # another open file: flock conflicts as another process's
+        fcntl.flock(other, fcntl.LOCK_EX)
+        assert ids_and_names(list(loader)) == expected_rank_ids(loader)
+        filling = loader._source._filling
+        assert filling.started and not filling.done  # waiting for the lock
+        began = time.monotonic()
+        filling.close()  # what the exit hook does
+        assert filling.done and time.monotonic() - began < 0.5
+        assert filling.error is None and not loader._source.cached
+        fcntl.flock(other, fcntl.LOCK_UN)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [lock.name]
+    again = PrefetchLoader(mixed_1003, 50, cache=DiskCache(dir=tmp_path / "cache"), seed=2)
+    again._source.fill()
+    assert ids_and_names(list(again)) == expected_rank_ids(again)  # from the copy
+    assert lock_is_free(lock)
 
 
 @pytest.mark.timeout(60)

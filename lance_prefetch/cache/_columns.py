@@ -7,8 +7,8 @@ of row ``0``, then row ``1``, ... (C order, this machine's byte order, no header
 the bytes ``i * row_bytes .. (i + 1) * row_bytes - 1``; ``columns.json`` beside the files says
 each one's dtype and row shape. Every other column (strings, binaries, blobs, variable-length
 lists, structs requested whole, fixed-size binaries) stays in the copy's Lance dataset, and so
-does a raw candidate that turns out to hold a null at any level (:class:`HeldNull`: the fill
-starts over with it there).
+do the fixed-width columns past the first :data:`MAX_FILES` and a raw candidate that turns out
+to hold a null at any level (:class:`HeldNull`: the fill starts over with it there).
 
 :class:`ColumnFiles` maps the files of a finished copy (``mmap``, read-only; the page cache holds
 each page once for every process) and serves a batch as a gather from the mapping: ``numpy.take``
@@ -32,10 +32,14 @@ import torch
 
 from lance_prefetch.convert._arrow import _ZERO_COPY, to_tensors
 
-__all__ = ["ColumnFiles", "ColumnWriter", "HeldNull", "LAYOUT", "raw_columns"]
+__all__ = ["ColumnFiles", "ColumnWriter", "HeldNull", "LAYOUT", "MAX_FILES", "raw_columns"]
 
 #: The layout file's name, at the root of a copy.
 LAYOUT = "columns.json"
+#: At most this many columns are stored raw, the first fixed-width ones in the schema's order;
+#: the others stay in the Lance part. Each raw file holds a descriptor in every process that
+#: maps it (and in the fill), and a process's soft limit of open files is often 1,024.
+MAX_FILES = 256
 _FOLDER = "columns"
 
 
@@ -84,8 +88,9 @@ def _shape(arrow_type: pa.DataType) -> _Shape | None:
 
 
 def raw_columns(schema: pa.Schema) -> list[str]:
-    """The columns of ``schema`` (a source's flat schema) that may be stored raw."""
-    return [field.name for field in schema if _shape(field.type) is not None]
+    """The columns of ``schema`` (a source's flat schema) that may be stored raw: the first
+    :data:`MAX_FILES` fixed-width ones."""
+    return [field.name for field in schema if _shape(field.type) is not None][:MAX_FILES]
 
 
 def _values(array: pa.Array, column: str) -> np.ndarray:
@@ -200,8 +205,7 @@ class ColumnFiles:
         self.names: list[str] = [entry["name"] for entry in layout["columns"]]
         self._shapes: dict[str, _Shape] = {}
         self._arrays: dict[str, np.ndarray] = {}
-        self._sizes: list[tuple[int, int, str]] = []  # (descriptor, bytes, file) of each file
-        self._mappings: list[mmap.mmap] = []
+        self._sizes: list[tuple[mmap.mmap, int, str]] = []  # (mapping, bytes, file) of each
         for entry in layout["columns"]:
             name = entry["name"]
             shape = _shape(schema.field(name).type)
@@ -220,11 +224,9 @@ class ColumnFiles:
             if os.fstat(descriptor).st_size != size:
                 raise ValueError(f"its file {file} does not hold {size:,} bytes")
             mapping = mmap.mmap(descriptor, size, access=mmap.ACCESS_READ)
-        except BaseException:
+        finally:  # the mapping holds its own descriptor (a dup): one a file, not two
             os.close(descriptor)
-            raise
-        self._sizes.append((descriptor, size, file))
-        self._mappings.append(mapping)
+        self._sizes.append((mapping, size, file))
         values = np.frombuffer(mapping, dtype=shape.dtype)
         return values.reshape((num_rows, *shape.shape))
 
@@ -240,18 +242,19 @@ class ColumnFiles:
         page cache sooner)."""
         advice = getattr(mmap, "MADV_RANDOM", None)
         if advice is not None:
-            for mapping in self._mappings:
+            for mapping, _, _ in self._sizes:
                 mapping.madvise(advice)
 
     def check(self) -> None:
         """Refuse to read a file that changed size since it was mapped (a read past its end
-        would end the process with ``SIGBUS``): one ``fstat`` a file.
+        would end the process with ``SIGBUS``): one ``fstat`` a file (of its mapping's
+        descriptor).
 
         Raises:
             OSError: a file's size changed (the message names it).
         """
-        for descriptor, size, file in self._sizes:
-            now = os.fstat(descriptor).st_size
+        for mapping, size, file in self._sizes:
+            now = mapping.size()
             if now != size:
                 raise OSError(f"its file {file} has {now:,} bytes, not {size:,}")
 
@@ -290,15 +293,6 @@ class ColumnFiles:
             else:
                 array = pa.FixedSizeListArray.from_arrays(array, type=arrow_type)
         return array
-
-    def close(self) -> None:
-        """Close the files' descriptors (the mappings end with their last array)."""
-        sizes, self._sizes = getattr(self, "_sizes", []), []  # [] if __init__ failed early
-        for descriptor, _, _ in sizes:
-            os.close(descriptor)
-
-    def __del__(self) -> None:
-        self.close()
 
 
 def _direct(shape: _Shape) -> bool:

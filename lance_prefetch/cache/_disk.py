@@ -13,8 +13,8 @@ exactness and resuming do not change.
   cache gathers batches straight into tensors (see :mod:`~lance_prefetch.cache._memory`).
 - :class:`DiskCache` (``cache="disk"``) copies the rows once to a local folder under
   ``cache_dir``, named by the URI, version, commit time and columns: each fixed-width column
-  (numbers, bools, fixed-size lists, tensors; no nulls) as a raw file of its values
-  (:mod:`~lance_prefetch.cache._columns`), every other column in a Lance dataset inside the
+  (numbers, bools, fixed-size lists, tensors; no nulls; the first 256) as a raw file of its
+  values (:mod:`~lance_prefetch.cache._columns`), every other column in a Lance dataset inside the
   copy (``rows.lance``). Each process maps the raw files (``mmap``, read-only), so a batch of
   them is a ``numpy.take`` from memory the page cache holds once for every process and worker,
   gathered straight into tensors (:meth:`DiskCache.gather`); the Lance part is read by
@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from lance_prefetch._validate import check_folder
 from lance_prefetch.cache._columns import ColumnFiles, ColumnWriter, HeldNull, raw_columns
@@ -75,7 +75,9 @@ from lance_prefetch.sources._lance import LanceSource
 from lance_prefetch.sources._options import SourceOptions
 
 __all__ = [
+    "CGROUP_LIMITS",
     "DiskCache",
+    "LOCK_POLL_S",
     "LocalCopy",
     "MemoryCache",
     "ROWS",
@@ -86,14 +88,39 @@ __all__ = [
 
 #: The Lance part of a copy (the columns not stored raw), a folder in the copy.
 ROWS = "rows.lance"
+#: How often a fill waiting for another process's fill checks whether it should stop, seconds.
+LOCK_POLL_S = 0.1
+
+
+#: The memory limit of this process's control group (v2, then v1), where Linux has one.
+CGROUP_LIMITS = (
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+)
 
 
 def default_cache_bytes() -> int:
-    """Half of this machine's physical memory, in bytes (the default ``cache_bytes``)."""
+    """Half of the memory this process may use, in bytes (the default ``cache_bytes``): of this
+    machine's physical memory, or of its control group's limit when that is lower (a container
+    given less than the machine has)."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not POSIX: a conservative 4 GiB
         return 4 << 30
+    return min([memory, *_cgroup_limits()]) // 2
+
+
+def _cgroup_limits() -> list[int]:
+    """The limits of :data:`CGROUP_LIMITS` that are set (``max``, a missing file and v1's
+    "unlimited", a number near 2**63, are none)."""
+    limits = []
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as file:
+                limits.append(int(file.read().strip()))
+        except (OSError, ValueError):  # none here, or "max"
+            continue
+    return [limit for limit in limits if 0 < limit < 1 << 62]
 
 
 def default_cache_dir() -> Path:
@@ -217,12 +244,12 @@ class DiskCache(FillingCache):
         lock = FileLock(self.path.with_suffix(".lock"))
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            lock.acquire()  # another process may be copying: wait
+            _acquire(lock, stopping)  # another process may be copying: wait
         except OSError as exc:
             raise self._unwritable(exc) from exc
         try:
             remove_leftovers(self.cache_dir, self.path.name)
-            if self.path.exists():
+            if os.path.lexists(self.path):  # also a link to nothing: set aside, not renamed onto
                 problem = check_copy(self.path, self._about())
                 if problem is None:  # made (or made again) by another process
                     return
@@ -464,6 +491,23 @@ def with_cache(
     if cache == "disk":
         return DiskCache(source, default_cache_dir() if cache_dir is None else cache_dir)
     return source
+
+
+def _acquire(lock: FileLock, stopping: threading.Event | None) -> None:
+    """Wait for ``lock`` (held by another process's fill), checking ``stopping`` every
+    :data:`LOCK_POLL_S` seconds: a process that ends meanwhile is not held up by the wait.
+
+    Raises:
+        FillStopped: ``stopping`` was set first.
+        OSError: the lock's file cannot be made.
+    """
+    while True:
+        try:
+            lock.acquire(timeout=LOCK_POLL_S)
+            return
+        except Timeout:
+            if stopping is not None and stopping.is_set():
+                raise FillStopped from None
 
 
 def _disk_full(cache_dir: Path, source: LanceSource) -> OSError:

@@ -16,6 +16,7 @@ and a change made within the timestamp granularity of the fill's last write (mil
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -137,8 +138,9 @@ def remove_leftovers(cache_dir: Path, name: str) -> None:
 
 
 def set_aside(copy: Path) -> None:
-    """Remove the damaged copy at ``copy``: renamed away first (atomic: the path then holds
-    nothing until the new copy is published), then deleted.
+    """Remove the damaged copy at ``copy`` (a folder, or a file or link found in its place):
+    renamed away first (atomic: the path then holds nothing until the new copy is published),
+    then deleted.
 
     Raises:
         OSError: it cannot be renamed (the message names the path and the fix).
@@ -152,7 +154,11 @@ def set_aside(copy: Path) -> None:
             f"({type(exc).__name__}: {exc}); delete it, or pass another "
             f"cache=DiskCache(dir=...)"
         ) from exc
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:  # a file, or a link (the link only, never what it points to)
+        with contextlib.suppress(OSError):
+            aside.unlink()
 
 
 def is_disk_full(error: BaseException) -> bool:
@@ -203,4 +209,7 @@ def _replace_record(copy: Path, record: dict[str, Any]) -> None:
         temporary.write_text(json.dumps(record, sort_keys=True))
         os.replace(temporary, copy / RECORD)
     except OSError:  # a read-only cache, a full disk: the next open checks again
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(
+            OSError
+        ):  # on a read-only mount even a missing file's unlink fails
+            temporary.unlink(missing_ok=True)

@@ -106,3 +106,67 @@ def _mount_tmpfs(path: Path, size: int) -> bool:
     except (OSError, subprocess.TimeoutExpired):  # no mount command, or it hung
         return False
     return done.returncode == 0
+
+
+class ReadOnlyFolder:
+    """``source`` seen read-only at ``path``: a read-only bind mount where this process may mount
+    (``kind="mount"``, root with ``CAP_SYS_ADMIN``), else (and with ``kind="injected"``) ``path``
+    is ``source`` itself and every write, replace or unlink of a path under it raises
+    ``OSError`` ``EROFS``, as the kernel does on a read-only mount (an unlink of a missing file
+    included). :attr:`mounted` says which one runs; a context manager."""
+
+    def __init__(self, source: Path, path: Path, *, kind: str, monkeypatch) -> None:
+        self.source, self.path, self.kind = Path(source), Path(path), kind
+        self._monkeypatch = monkeypatch
+        self.mounted = False
+
+    def __enter__(self) -> ReadOnlyFolder:
+        if self.kind == "mount":
+            self.path.mkdir(parents=True)
+            self.mounted = _run(["mount", "--bind", str(self.source), str(self.path)])
+            if self.mounted and not _run(["mount", "-o", "remount,ro,bind", str(self.path)]):
+                self.__exit__()
+                self.mounted = False
+        if not self.mounted:
+            self.path = self.source
+            self._inject()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.mounted and not _run(["umount", str(self.path)]):
+            _run(["umount", "-l", str(self.path)])
+
+    def _inject(self) -> None:
+        folder = f"{self.path}{os.sep}"
+
+        def refused(path) -> None:
+            if os.fspath(path).startswith(folder):
+                raise OSError(errno.EROFS, "Read-only file system (injected)", os.fspath(path))
+
+        def guard(owner, name: str) -> None:
+            original = getattr(owner, name)
+
+            def guarded(path, *args, **kwargs):
+                refused(path)
+                return original(path, *args, **kwargs)
+
+            self._monkeypatch.setattr(owner, name, guarded)
+
+        for name in ("write_text", "write_bytes", "unlink", "mkdir", "touch"):
+            guard(Path, name)
+        original_replace = os.replace
+
+        def replace(source, target, *args, **kwargs):
+            refused(source)
+            refused(target)
+            return original_replace(source, target, *args, **kwargs)
+
+        self._monkeypatch.setattr(os, "replace", replace)
+
+
+def _run(command: list[str]) -> bool:
+    """Whether ``command`` ran and succeeded (within 30 s)."""
+    try:
+        return subprocess.run(command, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
