@@ -23,6 +23,7 @@ from lance_prefetch_bench._spec import (
     THROUGHPUT_EPOCH,
     WARMUP_EPOCH,
     ContenderSpec,
+    build_loader,
     open_dataset,
     plan_batches,
 )
@@ -82,27 +83,12 @@ def run_coalesced_ceiling(spec: ContenderSpec, tick: Callable[[], None]) -> dict
     Raises:
         RuntimeError: two runs read different rows.
     """
-    from lance_prefetch import Dataset, PrefetchLoader, ReadOptions
     from lance_prefetch.plan._coalesce import share_size
 
     started = time.perf_counter()
-    read = ReadOptions(io=spec.io)
-    readahead: int | str = "auto"
-    if not spec.defaults:
-        readahead = spec.readahead
-        read = ReadOptions(max_in_flight=spec.max_in_flight, coalesce=spec.coalesce, io=spec.io)
-    loader = PrefetchLoader(
-        Dataset(spec.uri, version=spec.version, storage_options=spec.storage_options),
-        spec.batch_size,
-        columns=spec.columns,
-        seed=spec.seed,
-        rank=0,
-        world_size=1,
-        readahead=readahead,
-        read=read,
-    )
+    loader = build_loader(spec)
     source, tuner = loader._source, loader._resolved.tuner
-    max_in_flight = read.max_in_flight
+    max_in_flight = loader.read.max_in_flight
     start_level = tuner.bounds().max_in_flight if tuner is not None else int(max_in_flight)
     epoch_batches = spec.num_rows // spec.batch_size
     coalesce = share_size(loader.coalesce, epoch_batches, int(start_level))

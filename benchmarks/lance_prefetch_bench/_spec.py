@@ -175,3 +175,31 @@ def open_dataset(spec: ContenderSpec):
     import lance
 
     return lance.dataset(spec.uri, version=spec.version, storage_options=spec.storage_options)
+
+
+def build_loader(spec: ContenderSpec, cache: Any = None) -> Any:
+    """The ``PrefetchLoader`` a ``lance-prefetch`` spec describes: its defaults with
+    ``spec.defaults`` (no tuning arguments), else the spec's readahead, ``max_in_flight`` and
+    ``coalesce``; always rank 0 of 1, the spec's seed, columns, reader and hedging, and
+    ``cache``."""
+    from lance_prefetch import Dataset, PrefetchLoader, ReadOptions
+
+    hedge = None if spec.hedge == "none" else "auto"
+    readahead: int | str = "auto"
+    read = ReadOptions(hedge=hedge, io=spec.io)
+    if not spec.defaults:
+        readahead = spec.readahead
+        read = ReadOptions(
+            max_in_flight=spec.max_in_flight, coalesce=spec.coalesce, hedge=hedge, io=spec.io
+        )
+    return PrefetchLoader(
+        Dataset(spec.uri, version=spec.version, storage_options=spec.storage_options),
+        spec.batch_size,
+        columns=spec.columns,
+        seed=spec.seed,
+        rank=0,
+        world_size=1,
+        readahead=readahead,
+        read=read,
+        cache=cache,
+    )

@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from lance_prefetch import Dataset, DiskCache, MemoryCache, ReadOptions
+from lance_prefetch import DiskCache, MemoryCache
 from lance_prefetch.convert import to_tensors
 from lance_prefetch_bench._map_contenders import LanceMap, LanceMapRows, MapStyle
 from lance_prefetch_bench._measure import measure_pass, peak_rss_mib, rss_mib
@@ -87,6 +87,7 @@ from lance_prefetch_bench._spec import (
     THROUGHPUT_EPOCH,
     WARMUP_EPOCH,
     ContenderSpec,
+    build_loader,
     close_iterator,
     open_dataset,
     plan_batches,
@@ -218,7 +219,6 @@ class _LancePrefetch:
         self.pass_stats: dict[int, Any] = {}  # epoch -> loader.stats() at the pass's end
 
     def setup(self) -> None:
-        from lance_prefetch import PrefetchLoader
 
         spec = self.spec
         cache: MemoryCache | DiskCache | None = None
@@ -227,25 +227,7 @@ class _LancePrefetch:
         elif spec.cache == "disk":
             self._cache_dir = tempfile.TemporaryDirectory(prefix="lance-bench-cache-")
             cache = DiskCache(dir=self._cache_dir.name)
-        hedge = None if spec.hedge == "none" else "auto"
-        readahead: int | str = "auto"
-        read = ReadOptions(hedge=hedge, io=spec.io)
-        if not spec.defaults:
-            readahead = spec.readahead
-            read = ReadOptions(
-                max_in_flight=spec.max_in_flight, coalesce=spec.coalesce, hedge=hedge, io=spec.io
-            )
-        self.loader = PrefetchLoader(
-            Dataset(spec.uri, version=spec.version, storage_options=spec.storage_options),
-            spec.batch_size,
-            columns=spec.columns,
-            seed=spec.seed,
-            rank=0,
-            world_size=1,
-            readahead=readahead,
-            read=read,
-            cache=cache,
-        )
+        self.loader = build_loader(spec, cache)
         if hasattr(self.loader, "_source"):  # the loader's own take calls, timed
             self.loader._source = _TimedSource(self.loader._source, self.latencies)
         else:  # pragma: no cover - the loader's internals moved
