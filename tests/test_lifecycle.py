@@ -67,13 +67,15 @@ SCRIPT = textwrap.dedent(
         cycle = [iterator]
         cycle.append(cycle)  # only the cycle collector frees it
         del iterator, cycle
-        gc.collect()
-        # collected on one of the loader's own threads (an automatic collection can run there),
-        # the close runs in a helper thread: give it a moment
+        # gc.collect() returns at once, collecting nothing, while an automatic collection runs
+        # on another thread (one of the loader's, which started before the del): collect again
+        # until the cycle is freed. Collected on one of the loader's own threads, the close runs
+        # in a helper thread: give it a moment too.
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(
             t.name == "lance-prefetch-loop" for t in threading.enumerate()
         ):
+            gc.collect()
             time.sleep(0.01)
     elif mode.startswith("in-lance-"):  # then break, raise, sigint or timeout
         from support.sources import tapped
