@@ -190,10 +190,9 @@ def test_a_sigint_while_the_loop_thread_starts_raises_from_next_and_leaves_no_th
     loop thread starts there): next() raises it, and the half-built iterator is still closed by
     garbage collection (its loop thread ends)."""
     import contextlib
-    import gc
 
     import anyio.from_thread
-    from support.helpers import loop_threads, wait_until
+    from support.helpers import collect_until, loop_threads
 
     from lance_prefetch import PrefetchLoader
 
@@ -211,8 +210,7 @@ def test_a_sigint_while_the_loop_thread_starts_raises_from_next_and_leaves_no_th
     with pytest.raises(KeyboardInterrupt):
         next(iterator)
     monkeypatch.undo()
-    gc.collect()
-    assert wait_until(lambda: not loop_threads(), timeout=3.0)
+    assert collect_until(lambda: not loop_threads(), timeout=3.0)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert len(list(loader)) == 10  # the loader still works
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import pickle
 import re
 import threading
@@ -18,6 +17,7 @@ from support.helpers import (
     WORKERS,
     batch_ids,
     collect,
+    collect_until,
     expected_rank_ids,
     loop_threads,
     stopping,
@@ -255,8 +255,7 @@ def test_break_close_context_manager_and_gc_stop_the_thread(ids_1003):
     loader = PrefetchLoader(ids_1003, 10, columns=["id"])
     for _ in loader:
         break
-    gc.collect()
-    assert wait_until(lambda: not loop_threads())
+    assert collect_until(lambda: not loop_threads())
 
     iterator = iter(loader)
     next(iterator)

@@ -10,7 +10,7 @@ import time
 import anyio
 import anyio.to_thread
 import pytest
-from support.helpers import child_exit_code, loop_threads, wait_until
+from support.helpers import child_exit_code, collect_until, loop_threads, wait_until
 
 from lance_prefetch.lifecycle import _shutdown
 from lance_prefetch.lifecycle._shutdown import EXIT_WAIT_S
@@ -193,8 +193,7 @@ def test_garbage_collection_after_break_stops_the_thread():
                 break
 
     run()
-    gc.collect()
-    assert wait_until(lambda: not loop_threads())
+    assert collect_until(lambda: not loop_threads())
 
 
 def test_close_from_another_thread_ends_a_waiting_consumer():

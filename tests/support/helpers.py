@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -145,6 +146,13 @@ def wait_until(condition, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return condition()
+
+
+def collect_until(condition, timeout: float = 5.0) -> bool:
+    """:func:`wait_until` with a ``gc.collect()`` before each poll: ``gc.collect()`` returns at
+    once, collecting nothing, while an automatic collection runs on another thread (one of a
+    loader's), so a single call may leave a reference cycle standing."""
+    return wait_until(lambda: gc.collect() >= 0 and condition(), timeout)
 
 
 def child_exit_code(pid: int, timeout: float = 10.0) -> int | None:

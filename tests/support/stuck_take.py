@@ -38,6 +38,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 
 START = time.monotonic()
 RESULT: dict = {"mode": sys.argv[2], "pid": os.getpid(), "start": START}
@@ -172,9 +173,13 @@ elif mode == "gc":
     first_batch(iterator)
     cycle = [iterator]
     cycle.append(cycle)
+    freed = weakref.ref(iterator)
     RESULT["trigger"] = now()
     del iterator, cycle
-    gc.collect()
+    # gc.collect() collects nothing while an automatic collection runs on one of the loader's
+    # threads: collect until the iterator is freed
+    while freed() is not None:
+        gc.collect()
     RESULT["released"] = now()
 else:
     raise SystemExit(f"unknown mode {mode!r}")
