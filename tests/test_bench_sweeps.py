@@ -301,6 +301,9 @@ def test_sweep_loader_runs_the_loader_over_its_grid():
     config = _arguments.config_from_args(_args("--sweep-loader", "--local-s3", "--readahead", "32"))
     assert config.readahead == (32,) and config.io_grid == ("auto",)
     assert config.max_in_flight == (4, 16)
+    # given at the bench's own default value, an option is kept too
+    config = _arguments.config_from_args(_args("--sweep-loader", "--coalesce", "auto"))
+    assert config.coalesce == ("auto",) and config.readahead == (8, 64)
     plain = _arguments.config_from_args(_args("/data/x.lance"))
     assert (
         not plain.sweep_loader and plain.io_grid == ("auto",) and plain.readahead == (1, 4, 16, 64)

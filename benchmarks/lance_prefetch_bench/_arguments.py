@@ -65,6 +65,21 @@ def _contenders(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for group in names for name in group))
 
 
+class _Given(argparse.Action):
+    """Store the value and note that the option was given (``args.given``): ``--sweep-loader``
+    replaces only the grid options left out, even where one is given at its default value."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` command's arguments to ``parser``."""
     defaults = BenchConfig()
@@ -116,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--readahead",
         type=_int_or_auto_list,
+        action=_Given,
         default=defaults.readahead,
         metavar="N,N,...",
         help="lance-prefetch readahead values; 'auto' adds a readahead=auto, "
@@ -124,6 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-in-flight",
         type=_int_or_auto_list,
+        action=_Given,
         default=defaults.max_in_flight,
         metavar="N,N,...",
         help="lance-prefetch max_in_flight values; pairs above readahead are skipped",
@@ -131,6 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--coalesce",
         type=_int_or_auto_list,
+        action=_Given,
         default=defaults.coalesce,
         metavar="N,...",
         help="lance-prefetch coalesce values, e.g. 1,auto",
@@ -152,6 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--io-grid",
         type=_ios,
+        action=_Given,
         default=defaults.io_grid,
         metavar="auto,default,uring",
         help="lance-prefetch ReadOptions.io values",
@@ -298,17 +317,16 @@ def _ios(text: str) -> tuple[str, ...]:
 
 def _sweep_grid(args: argparse.Namespace) -> dict[str, object]:
     """With ``--sweep-loader``: only ``lance-prefetch``, and :data:`SWEEP_GRID` for each grid
-    option left at the bench's default (``io_grid`` on a local dataset read without ``--io
-    uring`` only)."""
+    option not given (``io_grid`` on a local dataset read without ``--io uring`` only)."""
     if not args.sweep_loader:
         return {}
-    defaults = BenchConfig()
+    given = getattr(args, "given", set())
     grid: dict[str, object] = {"contenders": ("lance-prefetch",), "sweep_loader": True}
     local = not args.local_s3 and args.io != "uring" and _scheme(args.uri or "") in ("", "file")
     for name, values in SWEEP_GRID.items():
         if name == "io_grid" and not local:
             continue
-        if getattr(args, name) == getattr(defaults, name):
+        if name not in given:
             grid[name] = values
     return grid
 

@@ -183,7 +183,9 @@ class LoaderConfig:
         take_bytes = 0.0
         if row_bytes:  # what one take holds while read, besides its rows
             rows = min(coalesce * self.batch_size, num_rows)
-            take_bytes = take_memory(rows, num_rows, row_bytes, remote=on_store)
+            take_bytes = take_memory(
+                rows, num_rows, row_bytes, remote=on_store, released=read.release_memory
+            )
         tuner = None
         if "auto" in (self.readahead, self.max_in_flight):
             tuner = DepthTuner(

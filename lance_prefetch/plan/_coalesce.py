@@ -34,6 +34,7 @@ from lance_prefetch.plan.sampling import PlannedBatch
 __all__ = [
     "Group",
     "HELD_FRACTION",
+    "HELD_FRACTION_RELEASED",
     "LONE_READ",
     "MERGE_GAP",
     "TARGET_ROWS",
@@ -58,9 +59,15 @@ TARGET_ROWS_REMOTE = 16384
 MERGE_GAP = 64 << 10
 #: ... and a row that is fetched alone with a request of about this many bytes.
 LONE_READ = 4 << 10
-#: The part of a take's fetched bytes that Lance holds at once, at most (it decodes as it
-#: fetches; the measurements are in ``docs/benchmarks.md``).
+#: The part of a take's fetched bytes that a process holds for it while it is read, with glibc's
+#: allocator as it is: Lance decodes as it fetches, and the allocator keeps much of what it frees
+#: (``ReadOptions(release_memory=False)``) ...
 HELD_FRACTION = 0.5
+#: ... and with the allocator giving freed buffers back (``release_memory=True``, the default): a
+#: take in flight added about a tenth of that, ~3.5% of its fetched bytes; this counts three
+#: times the measure, a margin for other densities and loads (``docs/benchmarks.md``, "Memory on
+#: an object store").
+HELD_FRACTION_RELEASED = 0.1
 
 
 def _mean_gap(rows: int, num_rows: int, row_bytes: float) -> float:
@@ -96,13 +103,17 @@ def fetch_bytes(rows: int, num_rows: int, row_bytes: float) -> float:
     return rows * max(per_row, row_bytes)
 
 
-def take_memory(rows: int, num_rows: int, row_bytes: float, *, remote: bool) -> float:
+def take_memory(
+    rows: int, num_rows: int, row_bytes: float, *, remote: bool, released: bool = True
+) -> float:
     """Bytes one ``take`` of ``rows`` random rows holds while it is read, besides its result: on
-    an object store :data:`HELD_FRACTION` of its :func:`fetch_bytes`; on local files ``0`` (the
-    reads are small and served from the page cache)."""
+    an object store :data:`HELD_FRACTION_RELEASED` of its :func:`fetch_bytes` when the allocator
+    gives freed buffers back (``released``, the default), else :data:`HELD_FRACTION` of them; on
+    local files ``0`` (the reads are small and served from the page cache)."""
     if not remote:
         return 0.0
-    return HELD_FRACTION * fetch_bytes(rows, num_rows, row_bytes)
+    fraction = HELD_FRACTION_RELEASED if released else HELD_FRACTION
+    return fraction * fetch_bytes(rows, num_rows, row_bytes)
 
 
 def remote_target(num_rows: int, row_bytes: float | None) -> int:
