@@ -71,12 +71,11 @@ SCRIPT = textwrap.dedent(
         # on another thread (one of the loader's, which started before the del): collect again
         # until the cycle is freed. Collected on one of the loader's own threads, the close runs
         # in a helper thread: give it a moment too.
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(
-            t.name == "lance-prefetch-loop" for t in threading.enumerate()
-        ):
-            gc.collect()
-            time.sleep(0.01)
+        from support.helpers import collect_until
+
+        collect_until(
+            lambda: not any(t.name == "lance-prefetch-loop" for t in threading.enumerate())
+        )
     elif mode.startswith("in-lance-"):  # then break, raise, sigint or timeout
         from support.sources import tapped
 

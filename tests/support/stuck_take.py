@@ -31,7 +31,6 @@ threads alive at exit (name, daemon).
 from __future__ import annotations
 
 import atexit
-import gc
 import json
 import os
 import signal
@@ -61,6 +60,7 @@ import pyarrow as pa  # noqa: E402
 
 from lance_prefetch import PrefetchLoader, ReadOptions  # noqa: E402
 from lance_prefetch.schedule._blocking import THREAD_NAME  # noqa: E402
+from support.helpers import collect_until  # noqa: E402
 from support.sources import tapped  # noqa: E402
 
 
@@ -178,8 +178,7 @@ elif mode == "gc":
     del iterator, cycle
     # gc.collect() collects nothing while an automatic collection runs on one of the loader's
     # threads: collect until the iterator is freed
-    while freed() is not None:
-        gc.collect()
+    collect_until(lambda: freed() is None)
     RESULT["released"] = now()
 else:
     raise SystemExit(f"unknown mode {mode!r}")
