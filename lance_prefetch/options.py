@@ -189,7 +189,9 @@ class ReadOptions:
 
     Args:
         max_in_flight (int | "auto"): takes running at once, at most ``readahead`` (a larger
-            number means ``readahead``). ``"auto"``: tuned while reading. Default: ``"auto"``.
+            number means ``readahead``). ``"auto"``: tuned while reading, from 4, at most 64 on
+            local files and 4 on object stores (8 where a take's rows are too far apart to share
+            requests). Default: ``"auto"``.
         coalesce (int | "auto"): batches read by one ``take`` (their rows sorted and read
             together), at most ``readahead``. ``"auto"``: enough batches for about 4,096 rows
             on local disk and larger takes on object stores. Default: ``"auto"``.

@@ -23,12 +23,16 @@ from lance_prefetch.loader._iteration import BatchReader
 from lance_prefetch.plan._coalesce import (
     LONE_READ,
     MERGE_GAP,
+    REMOTE_LEVEL,
+    REMOTE_LEVEL_SPARSE,
+    SPARSE_REQUESTS,
     TARGET_ROWS,
     TARGET_ROWS_REMOTE,
     Group,
     coalesce_size,
     fetch_bytes,
     groups,
+    remote_max_level,
     remote_target,
     requests_per_row,
     share_size,
@@ -36,7 +40,7 @@ from lance_prefetch.plan._coalesce import (
     take_memory,
 )
 from lance_prefetch.plan.sampling import EpochPlan, PlannedBatch
-from lance_prefetch.schedule._tuning import Bounds
+from lance_prefetch.schedule._tuning import MAX_LEVEL, Bounds
 from lance_prefetch.sources._uris import remote
 
 
@@ -128,7 +132,9 @@ def test_what_a_take_on_an_object_store_fetches_and_holds():
 def test_a_2m_row_object_store_source_resolves_to_the_rule_and_the_takes_that_fit():
     """The issue's case: 2M rows of 520 bytes on S3, batches of 256, the defaults: 62 batches a
     take (the rule); a take holds ~28.5 MiB while read besides its 7.9 MiB of rows, so 6 takes
-    in flight fit 256 MiB next to one take's rows being consumed, and an iteration starts at 4.
+    in flight would fit 256 MiB next to one take's rows being consumed, but an object store
+    caps "auto" at 4 for takes whose rows share requests (REMOTE_LEVEL), where an iteration
+    starts.
     With the allocator left as it is a take holds ~142 MiB: one in flight. Locally, 16 batches
     and the byte cap of rows alone."""
     config = LoaderConfig(batch_size=256)
@@ -138,7 +144,8 @@ def test_a_2m_row_object_store_source_resolves_to_the_rule_and_the_takes_that_fi
     assert on_s3.tuner.take_bytes == pytest.approx(take_bytes)
     assert take_bytes / 2**20 == pytest.approx(28.5, abs=0.05)
     rows_bytes = 62 * 256 * 520
-    assert on_s3.tuner._max_level() == (256 * 2**20 - rows_bytes) // (rows_bytes + take_bytes) == 6
+    assert (256 * 2**20 - rows_bytes) // (rows_bytes + take_bytes) == 6  # what the bytes allow
+    assert on_s3.tuner._max_level() == REMOTE_LEVEL == 4  # what more takes in flight buy
     assert on_s3.tuner.restart() == Bounds(readahead=5 * 62, max_in_flight=4)
     kept = LoaderConfig(batch_size=256, read=ReadOptions(release_memory=False))
     on_s3_kept = kept.resolve(row_bytes=520, num_rows=2_000_000, uri="s3://bucket/d.lance")
@@ -147,6 +154,44 @@ def test_a_2m_row_object_store_source_resolves_to_the_rule_and_the_takes_that_fi
     local = config.resolve(row_bytes=520, num_rows=2_000_000, uri="/data/d.lance")
     assert local.coalesce == 16 and local.tuner.take_bytes == 0.0
     assert local.tuner.restart().max_in_flight == 4
+
+
+@pytest.mark.parametrize(
+    ("num_rows", "bytes_allow", "level"),
+    [(200_000, 27, REMOTE_LEVEL), (20_000_000, 64, REMOTE_LEVEL_SPARSE)],
+)
+def test_an_object_store_caps_auto_by_what_more_takes_in_flight_buy(num_rows, bytes_allow, level):
+    """200k rows (a dense take: ~310 requests for 4,096 rows) and 20M (a sparse one: a request a
+    row): the bytes model would allow 27 and 64 takes in flight, but "auto" goes to 4 and 8 on
+    an object store; locally to what the bytes allow; a fixed max_in_flight is kept as given."""
+    config = LoaderConfig(batch_size=256)
+    on_s3 = config.resolve(row_bytes=520, num_rows=num_rows, uri="s3://bucket/d.lance")
+    assert on_s3.coalesce == 16
+    rows_bytes = 16 * 256 * 520
+    room = (256 * 2**20 - rows_bytes) // (rows_bytes + on_s3.tuner.take_bytes)
+    assert min(int(room), MAX_LEVEL) == bytes_allow
+    assert on_s3.tuner._max_level() == level
+    local = config.resolve(row_bytes=520, num_rows=num_rows, uri="/data/d.lance")
+    assert local.tuner._max_level() == MAX_LEVEL  # 16 x 256 rows of 520 bytes: room for 61
+    fixed = LoaderConfig(batch_size=256, read=ReadOptions(max_in_flight=16))
+    on_s3_fixed = fixed.resolve(row_bytes=520, num_rows=num_rows, uri="s3://bucket/d.lance")
+    assert on_s3_fixed.tuner._max_level() == 16  # the level, hence the readahead, may rise to 16
+
+
+def test_remote_max_level_follows_the_take_density():
+    """4 takes in flight where a take's rows share requests, 8 where they make about one a row
+    (SPARSE_REQUESTS), 4 when the row bytes are unknown."""
+    assert requests_per_row(4096, 200_000, 520) == pytest.approx(0.0757, abs=1e-4)
+    assert remote_max_level(4096, 200_000, 520) == REMOTE_LEVEL == 4
+    assert requests_per_row(62 * 256, 2_000_000, 520) == pytest.approx(0.3678, abs=1e-4)
+    assert remote_max_level(62 * 256, 2_000_000, 520) == REMOTE_LEVEL
+    assert requests_per_row(4096, 20_000_000, 520) == pytest.approx(0.9745, abs=1e-4)
+    assert remote_max_level(4096, 20_000_000, 520) == REMOTE_LEVEL_SPARSE == 8
+    # the boundary: rows whose mean gap m gives exp(-MERGE_GAP / m) = SPARSE_REQUESTS
+    rows = 1_000_000 * 520 / (MERGE_GAP / -math.log(SPARSE_REQUESTS))
+    assert remote_max_level(math.floor(rows) - 1, 1_000_000, 520) == REMOTE_LEVEL_SPARSE
+    assert remote_max_level(math.ceil(rows) + 1, 1_000_000, 520) == REMOTE_LEVEL
+    assert remote_max_level(4096, 20_000_000, None) == REMOTE_LEVEL
 
 
 def test_an_explicit_coalesce_is_kept_up_to_readahead():

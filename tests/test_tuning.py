@@ -348,6 +348,25 @@ def test_caps_bound_the_level():
     assert bounds.readahead * 100 * 100 <= 1 << 20 and bounds.max_in_flight == 13  # all it holds
 
 
+def test_max_level_caps_auto_but_not_a_fixed_max_in_flight():
+    """max_level (lower on an object store): "auto" probes up to it and no further, even while
+    every probe pays; a fixed max_in_flight is kept as given above it."""
+    remote = make_tuner(max_buffer_bytes=1 << 40, max_level=4, level=1)
+    feed = Feed(remote)
+    levels = []
+    for _ in range(12):
+        feed.period(0.9, remote.level * 1000.0)  # always pays: only the cap stops it
+        levels.append(remote.level)
+    assert max(levels) == 4 and remote.level == 4
+    assert remote.bounds() == Bounds(readahead=5, max_in_flight=4)
+    assert make_tuner(max_level=4, level=9).level == 4  # a start above the cap is clamped
+    fixed = make_tuner(max_level=4, max_in_flight=16, max_buffer_bytes=1 << 40)
+    assert fixed._max_level() == 16
+    assert make_tuner(max_level=200, max_buffer_bytes=1 << 40, level=100).level == MAX_LEVEL
+    with pytest.raises(ValueError, match=r"max_level should be >= 1, but got max_level=0"):
+        make_tuner(max_level=0)
+
+
 def test_the_bytes_a_take_holds_while_read_count_against_max_buffer_bytes():
     """take_bytes (what Lance fetches for a take in flight) counts per take in flight: 1 MiB,
     takes of 8 batches of 10 KB (80 KB of rows) holding 160 KB more while read: (1,048,576 -

@@ -39,11 +39,17 @@ from lance_prefetch.options import (
     as_shuffle,
     check_retry,
 )
-from lance_prefetch.plan._coalesce import TARGET_ROWS, coalesce_size, remote_target, take_memory
+from lance_prefetch.plan._coalesce import (
+    TARGET_ROWS,
+    coalesce_size,
+    remote_max_level,
+    remote_target,
+    take_memory,
+)
 from lance_prefetch.plan.permutation import resolve_kind
 from lance_prefetch.plan.splits import Split
 from lance_prefetch.schedule._hedging import HedgePolicy, resolve_hedge
-from lance_prefetch.schedule._tuning import START_LEVEL, DepthTuner
+from lance_prefetch.schedule._tuning import MAX_LEVEL, START_LEVEL, DepthTuner
 from lance_prefetch.schedule.retry import RetryPolicy
 from lance_prefetch.sources._options import IO_CHOICES, SourceOptions
 from lance_prefetch.sources._uris import remote
@@ -181,8 +187,8 @@ class LoaderConfig:
             limit = 2 * target
         coalesce = coalesce_size(read.coalesce, self.batch_size, limit, target=target)
         take_bytes = 0.0
+        rows = min(coalesce * self.batch_size, num_rows)
         if row_bytes:  # what one take holds while read, besides its rows
-            rows = min(coalesce * self.batch_size, num_rows)
             take_bytes = take_memory(
                 rows, num_rows, row_bytes, remote=on_store, released=read.release_memory
             )
@@ -196,6 +202,7 @@ class LoaderConfig:
                 row_bytes=row_bytes,
                 batch_size=self.batch_size,
                 take_bytes=take_bytes,
+                max_level=remote_max_level(rows, num_rows, row_bytes) if on_store else MAX_LEVEL,
                 level=START_LEVEL,
             )
         permutation = resolve_kind(self.permutation, num_rows) if self.shuffle else "identity"

@@ -35,6 +35,9 @@ __all__ = [
     "Group",
     "HELD_FRACTION",
     "HELD_FRACTION_RELEASED",
+    "REMOTE_LEVEL",
+    "REMOTE_LEVEL_SPARSE",
+    "SPARSE_REQUESTS",
     "LONE_READ",
     "MERGE_GAP",
     "TARGET_ROWS",
@@ -43,6 +46,7 @@ __all__ = [
     "coalesce_size",
     "fetch_bytes",
     "groups",
+    "remote_max_level",
     "remote_target",
     "requests_per_row",
     "share_size",
@@ -68,6 +72,11 @@ HELD_FRACTION = 0.5
 #: times the measure, a margin for other densities and loads (``docs/benchmarks.md``, "Memory on
 #: an object store").
 HELD_FRACTION_RELEASED = 0.1
+#: The most takes in flight ``"auto"`` goes to on an object store (:func:`remote_max_level`) ...
+REMOTE_LEVEL = 4
+#: ... and for sparse takes: those making at least ``SPARSE_REQUESTS`` requests a row.
+REMOTE_LEVEL_SPARSE = 8
+SPARSE_REQUESTS = 0.9
 
 
 def _mean_gap(rows: int, num_rows: int, row_bytes: float) -> float:
@@ -138,6 +147,26 @@ def remote_target(num_rows: int, row_bytes: float | None) -> int:
     if merging > 2 * TARGET_ROWS_REMOTE:
         return TARGET_ROWS
     return min(max(merging, TARGET_ROWS), TARGET_ROWS_REMOTE)
+
+
+def remote_max_level(rows: int, num_rows: int, row_bytes: float | None) -> int:
+    """The most takes in flight ``max_in_flight="auto"`` goes to on an object store, for takes
+    of ``rows`` random rows out of ``num_rows`` rows of ``row_bytes`` bytes (``None``: unknown).
+
+    Lance sends one take's requests concurrently, so what another take in flight buys depends on
+    what holds a take (``docs/benchmarks.md``, "Memory on an object store"):
+
+    * a take whose rows share requests (fewer than :data:`SPARSE_REQUESTS` a row) fetches whole
+      ranges and then decodes them: beyond :data:`REMOTE_LEVEL` more takes in flight read no
+      more rows/s, and each holds about what it fetched while it waits for the CPU;
+    * a sparse take (about a request a row) waits on its requests and holds little for each:
+      up to :data:`REMOTE_LEVEL_SPARSE` read more rows/s.
+
+    Unknown row bytes count as dense: :data:`REMOTE_LEVEL`.
+    """
+    if row_bytes and requests_per_row(rows, num_rows, row_bytes) >= SPARSE_REQUESTS:
+        return REMOTE_LEVEL_SPARSE
+    return REMOTE_LEVEL
 
 
 def check_coalesce(coalesce: object) -> int | str:

@@ -63,7 +63,7 @@ WAIT_LOW = 0.002
 CALM_PERIODS = 8
 #: Periods a level holds after a probe (and a floor after an undone shrink).
 PROBE_PERIODS = 40
-#: The most takes in flight ``"auto"`` goes to.
+#: The most takes in flight ``"auto"`` goes to (an object store lowers it: ``max_level``).
 MAX_LEVEL = 64
 #: The level ``"auto"`` starts at (with a cache too: its first epoch reads the dataset).
 START_LEVEL = 4
@@ -108,11 +108,15 @@ class DepthTuner:
         take_bytes (float): bytes one take holds while it is read, besides its rows (what Lance
             fetches for it: :func:`~lance_prefetch.plan._coalesce.take_memory`); each take in flight
             counts them against ``max_buffer_bytes``. Default: ``0.0``.
+        max_level (int): the most takes in flight ``"auto"`` goes to, ``>= 1``, at most
+            :data:`MAX_LEVEL` (on an object store:
+            :func:`~lance_prefetch.plan._coalesce.remote_max_level`). A fixed ``max_in_flight``
+            is kept as given instead (up to :data:`MAX_LEVEL`). Default: :data:`MAX_LEVEL`.
         level (int): the starting level (takes in flight). Default: :data:`START_LEVEL`.
         period_s (float): the shortest period between decisions, seconds, ``> 0``. Default: 1.0.
 
     Raises:
-        ValueError: ``period_s`` is not positive.
+        ValueError: ``period_s`` is not positive, or ``max_level`` is below 1.
     """
 
     def __init__(
@@ -125,15 +129,18 @@ class DepthTuner:
         row_bytes: float | None,
         batch_size: int,
         take_bytes: float = 0.0,
+        max_level: int = MAX_LEVEL,
         level: int = START_LEVEL,
         period_s: float = 1.0,
     ) -> None:
         if not period_s > 0:
             raise ValueError(f"period_s should be > 0, but got period_s={period_s!r}")
+        if max_level < 1:
+            raise ValueError(f"max_level should be >= 1, but got max_level={max_level!r}")
         self.coalesce, self.batch_size = coalesce, batch_size
         self.fixed_readahead, self.fixed_in_flight = readahead, max_in_flight
         self.max_buffer_bytes, self.row_bytes = max_buffer_bytes, row_bytes
-        self.take_bytes = take_bytes
+        self.take_bytes, self.max_level = take_bytes, min(max_level, MAX_LEVEL)
         self.meter, self.history = PeriodMeter(period_s), LevelHistory()
         self.level = self._clamp(level)
         self.phase = Phase.STEADY
@@ -174,13 +181,14 @@ class DepthTuner:
 
     # -- bounds ---------------------------------------------------------------------------------
     def _max_level(self) -> int:
-        """The highest level the caps allow: ``MAX_LEVEL``, a fixed ``max_in_flight``, and what
-        the readahead holds (a fixed ``readahead``, or ``max_buffer_bytes`` once the bytes of a
-        row are known: ``level + 1`` takes' rows and ``level`` takes' ``take_bytes``, those in
-        flight, within it). At least 1: one take being read and one being consumed."""
-        cap = MAX_LEVEL
+        """The highest level the caps allow: ``max_level`` (or a fixed ``max_in_flight`` instead,
+        up to ``MAX_LEVEL``), and what the readahead holds (a fixed ``readahead``, or
+        ``max_buffer_bytes`` once the bytes of a row are known: ``level + 1`` takes' rows and
+        ``level`` takes' ``take_bytes``, those in flight, within it). At least 1: one take being
+        read and one being consumed."""
+        cap = self.max_level
         if self.fixed_in_flight is not None:
-            cap = min(cap, self.fixed_in_flight)
+            cap = min(MAX_LEVEL, self.fixed_in_flight)
         if self.fixed_readahead is not None:
             cap = min(cap, max(self.fixed_readahead // self.coalesce, 1))
             if self.take_bytes:
