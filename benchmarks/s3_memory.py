@@ -11,7 +11,8 @@ take's batches, ``epoch_s=S`` cuts each epoch after S seconds (a new iterator, a
 ``MALLOC_ARENA_MAX=2``). Each process reports, in MiB: RSS after the imports (Python, torch,
 pyarrow, Lance), after the loader was built (the dataset opened: Lance's runtime started), the
 floor; then reads for ``--seconds`` with RSS sampled every 0.5 s and reports the peak, the end and
-the rows/s after the first 5 s. Lance's request-rate limiter is pinned at 5,000 requests/s. Run::
+the rows/s after the first 5 s, and the highest readahead, max_in_flight and takes in flight
+that ``stats()`` showed. Lance's request-rate limiter is pinned at 5,000 requests/s. Run::
 
     PYTHONPATH=. .venv/bin/python benchmarks/s3_memory.py --rows 2000000 --seconds 60 --rounds 2 \
         --variant defaults --variant arena2:MALLOC_ARENA_MAX=2
@@ -93,6 +94,7 @@ def child(uri: str, options: dict[str, str], settings: dict[str, str], seconds: 
     sampler.start()
     rows = counted = 0
     counted_from = None
+    levels = {"readahead": 0, "max_in_flight": 0, "in_flight": 0}  # the highest seen
     done = 0
     epoch_s = float(settings.get("epoch_s", "inf"))
     epoch, now = 0, 0.0
@@ -110,15 +112,18 @@ def child(uri: str, options: dict[str, str], settings: dict[str, str], seconds: 
                     else:
                         counted += len(batch["id"])
                 rows += len(batch["id"])
-                if trim is not None and done % loader.coalesce == 0:
-                    trim(0)
+                if done % loader.coalesce == 0:
+                    if trim is not None:
+                        trim(0)
+                    now_stats = loader.stats()
+                    for key in levels:
+                        levels[key] = max(levels[key], getattr(now_stats, key))
                 if now >= seconds or now - began >= epoch_s:
                     break
     elapsed = time.perf_counter() - start
     stop.set()
     sampler.join()
     end = rss()
-    stats = loader.stats()
     return {
         "imported_mib": imported,
         "floor_mib": floor,
@@ -127,8 +132,9 @@ def child(uri: str, options: dict[str, str], settings: dict[str, str], seconds: 
         "rows_per_s": counted / (elapsed - counted_from) if counted_from else 0.0,
         "batches": done,
         "coalesce": loader.coalesce,
-        "readahead": stats.readahead if hasattr(stats, "readahead") else None,
-        "in_flight": getattr(stats, "max_in_flight", None),
+        "readahead": levels["readahead"],
+        "max_in_flight": levels["max_in_flight"],
+        "in_flight": levels["in_flight"],
         "every_2s": [round(s) for t, s in samples[3::4]],
     }
 
@@ -187,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"round {round_} {name}: imported {result['imported_mib']:.0f}, floor "
                     f"{result['floor_mib']:.0f}, peak {result['peak_mib']:.0f}, end "
                     f"{result['end_mib']:.0f} MiB, {result['rows_per_s']:,.0f} rows/s, coalesce "
-                    f"{result['coalesce']}, readahead {result['readahead']}, in flight {result['in_flight']}, "
+                    f"{result['coalesce']}, highest readahead {result['readahead']}, max_in_flight "
+                    f"{result['max_in_flight']}, in flight {result['in_flight']}, "
                     f"load {load:.1f}; every 2 s {result['every_2s']}",
                     flush=True,
                 )
