@@ -5,8 +5,10 @@ For each of ``--sizes`` (rows of ``id`` int64, 128 x float32 ``vector``, ``label
 bytes a row, in files of ``--rows-per-file`` rows), the dataset is written once to
 ``--data-dir`` and reused by later runs. Every contender runs in its own fresh process, reads
 256-row batches (``--batch-size``) for ``--seconds`` and reports rows/s (after a warm-up of
-``min(5 s, seconds / 4)``; the warm-up's own rows/s beside it), its peak RSS (``ru_maxrss``) and
-its time to first batch (from the loader's construction, the dataset's opening included).
+``min(5 s, seconds / 4)``; the warm-up's own rows/s beside it), its peak RSS (``ru_maxrss``), its
+peak anonymous RSS (``RssAnon`` of ``/proc/self/status`` every 0.1 s: memory the process
+allocated, without the pages of mapped files such as a disk cache's copy) and its time to
+first batch (from the loader's construction, the dataset's opening included).
 
 ``--s3`` (the bench's emulated S3 on 127.0.0.1: nginx + rclone behind the latency proxy, 30 ms a
 request +/- 10 ms, 1% of requests +150 ms, Lance's request rate pinned at 5,000/s; the cached
@@ -103,6 +105,17 @@ def _published(folder: str) -> bool:
     return False
 
 
+def anonymous_mib() -> float | None:
+    """This process's anonymous resident memory (``RssAnon``), MiB; ``None`` where
+    ``/proc/self/status`` does not say (not Linux)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024  # kB
+    return None
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one contender in this process; its figures as a dict (times from the loader's
     construction, in seconds)."""
@@ -128,11 +141,17 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     loader: Any = None
     rows = 0
 
+    anonymous: list[float] = []  # RssAnon every 0.1 s
+
     def watch() -> None:
-        """Every 0.1 s: the fill published; every 0.5 s: rows and the cache's hits."""
+        """Every 0.1 s: the fill published and RssAnon; every 0.5 s: rows and the cache's
+        hits."""
         ticks = 0
         while not stop.wait(0.1):
             now = time.perf_counter() - start
+            anon = anonymous_mib()
+            if anon is not None:
+                anonymous.append(anon)
             if kind == "disk-filling" and "filled" not in events and _published(spec["cache_dir"]):
                 events["filled"] = now
             ticks += 1
@@ -195,6 +214,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "first_batch_s": events.get("first_batch"),
         "opened_s": events["opened"],
         "peak_rss_mib": peak_mib,
+        "peak_anon_mib": max(anonymous) if anonymous else None,
         "floor_rss_mib": floor_mib,
         "end_rss_mib": process.memory_info().rss / MIB,
         "rows_read": rows,
@@ -439,6 +459,7 @@ TABLE_COLUMNS = (
     "rows/s",
     "rows/s in warm-up",
     "peak RSS MiB",
+    "peak anon MiB",
     "first batch s",
     "fill s",
     "fill MiB/s",
@@ -463,6 +484,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
                 _number(r["rows_per_s"]),
                 _number(r["warmup_rows_per_s"]),
                 _number(r["peak_rss_mib"]),
+                _number(r.get("peak_anon_mib")),
                 _number(r["first_batch_s"], 2),
                 _number(r.get("fill_s"), 1),
                 _number(r.get("fill_mib_per_s")),
