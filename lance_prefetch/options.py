@@ -328,18 +328,20 @@ class Audit:
     Args:
         dir (str | os.PathLike, optional): a folder all ranks and workers can write, where
             their records meet (needed with DataLoader workers, or ranks without a process
-            group). Default: ``None``, through the process group.
+            group); a leading ``~`` is expanded and a relative path made absolute here, as
+            ``DiskCache(dir=...)`` does. Default: ``None``, through the process group.
 
     Raises:
         TypeError: ``dir`` is not a ``str`` or ``os.PathLike``.
-        ValueError: ``dir`` exists and is not a folder.
+        ValueError: ``dir`` is empty, or it (or its nearest existing ancestor) is not a folder.
     """
 
     dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         if self.dir is not None:
-            _set(self, "dir", os.fspath(_in(type(self), check_folder, "dir", self.dir)))
+            folder = _in(type(self), check_folder, "dir", _absolute(self.dir))
+            _set(self, "dir", os.fspath(folder))
 
 
 def as_dataset(value: Any, *, name: str = "source") -> Dataset:
