@@ -315,8 +315,7 @@ class DiskCache:
 
     def __post_init__(self) -> None:
         if self.dir is not None:
-            folder = _in(type(self), check_folder, "dir", _absolute(self.dir))
-            _set(self, "dir", os.fspath(folder))
+            _set(self, "dir", _folder(type(self), self.dir))
 
 
 @dataclass(frozen=True)
@@ -340,8 +339,7 @@ class Audit:
 
     def __post_init__(self) -> None:
         if self.dir is not None:
-            folder = _in(type(self), check_folder, "dir", _absolute(self.dir))
-            _set(self, "dir", os.fspath(folder))
+            _set(self, "dir", _folder(type(self), self.dir))
 
 
 def as_dataset(value: Any, *, name: str = "source") -> Dataset:
@@ -445,14 +443,16 @@ def _is_lance_dataset(value: Any) -> bool:
     )
 
 
-def _absolute(path: Any) -> Any:
-    """``path`` with ``~`` expanded, made absolute, if it is a non-empty path (anything else
-    as it is, for the check to name it)."""
+def _folder(owner: type, path: Any) -> str:
+    """The ``dir`` option of ``owner`` checked as a folder (:func:`check_folder`, its error
+    prefixed with the class) after ``~`` is expanded and a non-empty path made absolute (anything
+    else as it is, for the check to name it)."""
     if isinstance(path, (str, os.PathLike)):
         text = os.fspath(path)
         if isinstance(text, str) and text and "\x00" not in text:
-            return os.path.abspath(os.path.expanduser(text))
-    return path
+            path = os.path.abspath(os.path.expanduser(text))
+    folder: str | os.PathLike[str] = _in(owner, check_folder, "dir", path)
+    return os.fspath(folder)
 
 
 def _set(options: object, name: str, value: Any) -> None:

@@ -112,6 +112,22 @@ def test_each_group_checks_itself_when_built(make, error, message):
     assert str(info.value) == message
 
 
+@pytest.mark.parametrize("option", [DiskCache, Audit])
+def test_a_dir_option_expands_the_home_before_its_check(option, monkeypatch, tmp_path):
+    """``dir`` of DiskCache and Audit: ``~`` is the home, also in the check, so a file there is
+    refused when the option is built (not when the folder is first written), by its full path."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert option(dir="~/records") == option(dir=str(tmp_path / "records"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError) as info:
+        option(dir="~/file/records")
+    assert str(info.value) == (
+        f"{option.__name__}: dir should be a folder (created if missing), but got "
+        f"dir='{tmp_path}/file/records', below '{tmp_path}/file', which is not a folder; pass a "
+        f"folder this process can write"
+    )
+
+
 def test_the_loader_checks_the_kind_of_each_group_before_any_io(tmp_path):
     missing = tmp_path / "missing.lance"
     with pytest.raises(TypeError, match=r"^read should be a lance_prefetch\.options\.ReadOptions"):
